@@ -1,0 +1,145 @@
+"""Path normalization and the hierarchy relations, as pure functions.
+
+A lock on a path covers the path and its whole subtree. Two locks overlap when
+their paths are equal or one is an ancestor of the other; siblings and paths
+that merely share a prefix (``/a`` and ``/ab``) never overlap.
+
+Nothing here touches the database: bad input raises :class:`InvalidPath` before
+any statement runs.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from pathlock.errors import InvalidPath
+from pathlock.types import EXCLUSIVE, SHARED, Mode, PathMode
+
+MAX_PATH_LENGTH = 4000
+"""Longest normalized path, in characters (code points); the column's size."""
+
+LIKE_ESCAPE = "\\"
+"""The escape character of every LIKE pattern built here."""
+
+# C0 and C1 control characters (Unicode category Cc) and lone surrogates (Cs):
+# the first are invisible in logs and shells, the second cannot be stored as
+# UTF-8 at all.
+_FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Bound the work done on absurd input before normalization can shrink it.
+_MAX_RAW_LENGTH = 16 * MAX_PATH_LENGTH
+_LIKE_SPECIAL = re.compile(r"([\\%_])")
+
+
+def normalize(path: object, *, case_insensitive: bool = False) -> str:
+    """Return the canonical form of ``path`` or raise :class:`InvalidPath`.
+
+    The canonical form is absolute, uses ``/`` separators, has no duplicate or
+    trailing slashes (except the root ``/`` itself) and is Unicode NFC, so two
+    spellings of ``café`` are one path. ``.`` and ``..`` components are rejected,
+    never resolved: a lock manager cannot know what the caller meant by them.
+    With ``case_insensitive`` the path is also case-folded.
+    """
+    if not isinstance(path, str):
+        raise InvalidPath(path, f"expected a str, got {type(path).__name__}")
+    if not path:
+        raise InvalidPath(path, "empty")
+    if len(path) > _MAX_RAW_LENGTH:
+        raise InvalidPath(path, f"longer than {MAX_PATH_LENGTH} characters")
+    bad = _FORBIDDEN.search(path)
+    if bad:
+        char = bad.group()
+        kind = "surrogate" if "\ud800" <= char <= "\udfff" else "control character"
+        raise InvalidPath(path, f"contains {kind} U+{ord(char):04X}")
+    if not path.startswith("/"):
+        raise InvalidPath(path, "not absolute (must start with '/')")
+    text = unicodedata.normalize("NFC", path)
+    if case_insensitive:
+        # casefold() can produce decomposed sequences; normalize again.
+        text = unicodedata.normalize("NFC", text.casefold())
+    parts = [part for part in text.split("/") if part]
+    for part in parts:
+        if part in (".", ".."):
+            raise InvalidPath(path, f"contains a {part!r} component")
+    result = "/" + "/".join(parts)
+    if len(result) > MAX_PATH_LENGTH:
+        raise InvalidPath(path, f"longer than {MAX_PATH_LENGTH} characters")
+    return result
+
+
+def ancestors(path: str) -> list[str]:
+    """The proper ancestors of a normalized path, root first.
+
+    >>> ancestors("/a/b/c")
+    ['/', '/a', '/a/b']
+    >>> ancestors("/")
+    []
+    """
+    if path == "/":
+        return []
+    found = ["/"]
+    position = path.find("/", 1)
+    while position != -1:
+        found.append(path[:position])
+        position = path.find("/", position + 1)
+    return found
+
+
+def escape_like(text: str) -> str:
+    """Escape ``%``, ``_`` and the escape character so ``text`` matches itself."""
+    return _LIKE_SPECIAL.sub(r"\\\1", text)
+
+
+def descendants_pattern(path: str) -> str:
+    """A LIKE pattern (escape character :data:`LIKE_ESCAPE`) matching exactly
+    the proper descendants of a normalized path."""
+    prefix = "/" if path == "/" else path + "/"
+    return escape_like(prefix) + "%"
+
+
+def overlaps(first: str, second: str) -> bool:
+    """True when two normalized paths are equal or one contains the other."""
+    if first == second or first == "/" or second == "/":
+        return True
+    shorter, longer = sorted((first, second), key=len)
+    return longer.startswith(shorter + "/")
+
+
+def compatible(first: Mode, second: Mode) -> bool:
+    """Only shared + shared is compatible on overlapping paths."""
+    return first == SHARED and second == SHARED
+
+
+def conflicts(first: PathMode, second: PathMode) -> bool:
+    """True when locks on these two (path, mode) pairs cannot be held together."""
+    return not compatible(first[1], second[1]) and overlaps(first[0], second[0])
+
+
+def normalize_request(
+    exclusive: object,
+    shared: object,
+    *,
+    case_insensitive: bool = False,
+) -> tuple[PathMode, ...]:
+    """Normalize the paths of one request into sorted, unique (path, mode) pairs.
+
+    A path asked for in both modes is locked exclusive (the stronger mode).
+    An empty request is an error: there would be nothing to hold.
+    """
+    modes: dict[str, Mode] = {}
+    for mode, given in ((SHARED, shared), (EXCLUSIVE, exclusive)):
+        if isinstance(given, (str, bytes)) or not _is_iterable(given):
+            raise InvalidPath(given, "expected an iterable of path strings")
+        for raw in given:  # type: ignore[attr-defined]
+            modes[normalize(raw, case_insensitive=case_insensitive)] = mode
+    if not modes:
+        raise InvalidPath((), "no paths requested")
+    return tuple(sorted(modes.items()))
+
+
+def _is_iterable(value: object) -> bool:
+    try:
+        iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,124 @@
+"""The tables, defined once in SQLAlchemy Core.
+
+Alembic's ``migrations/env.py`` points ``target_metadata`` at :data:`metadata`,
+and a test proves the migrated schema equals it. The library never changes a
+schema on its own: ``PathLockManager.create_schema()`` is an explicit call for
+quick starts and tests; production runs the migrations.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects import mysql
+
+from pathlock.paths import MAX_PATH_LENGTH
+
+# Deterministic constraint names, so migrations can refer to them.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# Paths compare byte for byte: a case- or accent-insensitive collation would make
+# /Shared/A and /Shared/a (or café and cafe) one lock. Normalization (NFC, optional
+# case folding) happens in Python, where it is explicit.
+_MYSQL_TABLE = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
+
+# InnoDB index keys are limited to 3072 bytes: 700 utf8mb4 characters plus the
+# customer id fit. Longer paths are still found exactly (the server compares the
+# full column after the index narrows the range); they only share index entries.
+PATH_INDEX_PREFIX = 700
+
+LEASE_ID_LENGTH = 32
+REASON_LENGTH = 1000
+NODE_ID_LENGTH = 255
+THREAD_LENGTH = 64
+
+# BIGINT keys everywhere, but SQLite only auto-increments INTEGER PRIMARY KEY.
+_BigId = BigInteger().with_variant(Integer(), "sqlite")
+# Microsecond precision: leases of a few milliseconds must expire in order.
+_Timestamp = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+def _owner_columns() -> list[Column[object]]:
+    return [
+        Column("node_id", String(NODE_ID_LENGTH), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("thread", String(THREAD_LENGTH), nullable=False),
+        Column("reason", String(REASON_LENGTH), nullable=False, server_default=""),
+    ]
+
+
+customer_locks = Table(
+    "customer_locks",
+    metadata,
+    # The per-customer sentinel: every grant and release writes this row first,
+    # which serializes them per customer (on Galera too, where only conflicting
+    # writes abort each other). Its version is the fencing token; rows are never
+    # deleted, so tokens never go back.
+    Column("customer_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, nullable=False, server_default="0"),
+    **_MYSQL_TABLE,
+)
+
+path_locks = Table(
+    "path_locks",
+    metadata,
+    Column("id", _BigId, primary_key=True, autoincrement=True),
+    Column("customer_id", BigInteger, nullable=False),
+    Column("lease_id", String(LEASE_ID_LENGTH), nullable=False),
+    Column("path", String(MAX_PATH_LENGTH), nullable=False),
+    Column("mode", String(9), nullable=False),
+    *_owner_columns(),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("created_at", _Timestamp, nullable=False),
+    Column("expires_at", _Timestamp, nullable=False),
+    CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
+    # The conflict query: one customer, exact paths (self and ancestors) and
+    # ranges of descendants (LIKE 'prefix/%').
+    Index(None, "customer_id", "path", mysql_length={"path": PATH_INDEX_PREFIX}),
+    Index(None, "lease_id"),  # release and renewal of one lease
+    Index(None, "expires_at"),  # the reaper's scan
+    Index(None, "node_id", "pid", "thread"),  # node clean-up, release_locks()
+    **_MYSQL_TABLE,
+)
+
+path_lock_waiters = Table(
+    "path_lock_waiters",
+    metadata,
+    # The queue of blocked requests, oldest ticket first.
+    Column("ticket", _BigId, primary_key=True, autoincrement=True),
+    Column("customer_id", BigInteger, nullable=False),
+    Column("lease_id", String(LEASE_ID_LENGTH), nullable=False),
+    # JSON list of [path, mode] pairs: a request is read and compared as a whole.
+    Column("paths", Text, nullable=False),
+    *_owner_columns(),
+    Column("created_at", _Timestamp, nullable=False),
+    # Short, refreshed while the waiter is alive: a dead waiter stops blocking
+    # others once it lapses.
+    Column("expires_at", _Timestamp, nullable=False),
+    Index(None, "customer_id", "ticket"),
+    Index(None, "lease_id"),
+    Index(None, "expires_at"),
+    Index(None, "node_id", "pid", "thread"),
+    **_MYSQL_TABLE,
+)

@@ -1,0 +1,68 @@
+"""Plain value types shared by the store, the manager and the errors."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, NamedTuple
+
+Mode = Literal["exclusive", "shared"]
+"""``exclusive`` (move, delete, rename, write) or ``shared`` (read, copy source).
+Two locks on overlapping paths are compatible only when both are shared."""
+
+EXCLUSIVE: Mode = "exclusive"
+SHARED: Mode = "shared"
+
+PathMode = tuple[str, Mode]
+"""A normalized path and the mode it is locked in."""
+
+
+class Owner(NamedTuple):
+    """Who asked for a lock: node id, process id and thread.
+
+    Used for inspection, ``release_locks()`` and node clean-up, never as the
+    secret that authorises a release (the lease id is). ``thread`` is the
+    operating system's thread id (as shown by ``ps -L`` or ``py-spy``); thread
+    ids are reused once a thread ends, so a new thread can inherit the identity
+    of a finished one.
+    """
+
+    node_id: str
+    pid: int
+    thread: str
+
+    @classmethod
+    def current(cls, node_id: str) -> Owner:
+        """The calling thread of this process on ``node_id``."""
+        return cls(node_id, os.getpid(), str(threading.get_native_id()))
+
+    def __str__(self) -> str:
+        return f"{self.node_id} pid {self.pid} thread {self.thread}"
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """One locked path as stored in the database (a row of ``path_locks``).
+
+    Times are the database's clock, in UTC. A row whose ``expires_at`` has
+    passed no longer blocks anyone, even before the reaper deletes it.
+    """
+
+    customer_id: int
+    path: str
+    mode: Mode
+    lease_id: str
+    owner: Owner
+    reason: str
+    fencing_token: int
+    created_at: datetime
+    expires_at: datetime
+
+    def describe(self) -> str:
+        """One line for messages: path, mode, owner and reason."""
+        text = f"{self.path} ({self.mode}) held by {self.owner}"
+        if self.reason:
+            text += f" for {self.reason!r}"
+        return text
