@@ -25,6 +25,9 @@ def _describe_request(paths: Sequence[PathMode]) -> str:
     return ", ".join(f"{path} ({mode})" for path, mode in paths)
 
 
+_MAX_SHOWN = 120  # characters of a bad value quoted in a message
+
+
 class PathLockError(Exception):
     """Base class of every error raised by pathlock."""
 
@@ -48,8 +51,8 @@ class InvalidPath(InvalidArgument):
         self.path = path
         self.problem = problem
         shown = repr(path)
-        if len(shown) > 120:
-            shown = shown[:100] + f"...' ({len(shown)} characters)"
+        if len(shown) > _MAX_SHOWN:
+            shown = shown[: _MAX_SHOWN - 20] + f"...' ({len(shown)} characters)"
         super().__init__(f"invalid path {shown}: {problem}")
 
 

@@ -99,7 +99,7 @@ def descendants_pattern(path: str) -> str:
 
 def overlaps(first: str, second: str) -> bool:
     """True when two normalized paths are equal or one contains the other."""
-    if first == second or first == "/" or second == "/":
+    if first == second or "/" in (first, second):
         return True
     shorter, longer = sorted((first, second), key=len)
     return longer.startswith(shorter + "/")

@@ -8,6 +8,8 @@ quick starts and tests; production runs the migrations.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -37,7 +39,7 @@ metadata = MetaData(
 # Paths compare byte for byte: a case- or accent-insensitive collation would make
 # /Shared/A and /Shared/a (or café and cafe) one lock. Normalization (NFC, optional
 # case folding) happens in Python, where it is explicit.
-_MYSQL_TABLE = {
+_MYSQL_TABLE: dict[str, Any] = {
     "mysql_engine": "InnoDB",
     "mysql_charset": "utf8mb4",
     "mysql_collate": "utf8mb4_bin",

@@ -1,0 +1,40 @@
+"""pathlock: hierarchical, all-or-nothing path locks shared by many app servers
+through the MySQL/MariaDB database they already trust.
+
+    manager = PathLockManager("mysql+pymysql://root@127.0.0.1/test", node_id="web-1")
+    locks = manager.for_customer(42)
+    with locks.lock_paths("/Shared/source", "/Shared/target", reason="move") as lease:
+        ...  # nobody else edits those folders, their parents or anything inside them
+"""
+
+from pathlock.errors import (
+    BackendError,
+    DeadlockDetected,
+    InvalidArgument,
+    InvalidPath,
+    LeaseLost,
+    LockTimeout,
+    PathLockError,
+)
+from pathlock.lease import Lease
+from pathlock.manager import CustomerLocks, PathLockManager
+from pathlock.types import LockInfo, Mode, Owner
+from pathlock.waiting import ReverseExponentialBackoff, WaitPolicy
+
+__all__ = [
+    "BackendError",
+    "CustomerLocks",
+    "DeadlockDetected",
+    "InvalidArgument",
+    "InvalidPath",
+    "Lease",
+    "LeaseLost",
+    "LockInfo",
+    "LockTimeout",
+    "Mode",
+    "Owner",
+    "PathLockError",
+    "PathLockManager",
+    "ReverseExponentialBackoff",
+    "WaitPolicy",
+]

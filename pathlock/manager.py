@@ -1,0 +1,336 @@
+"""The public entry points: PathLockManager and CustomerLocks.
+
+A request flows one way: ``CustomerLocks.lock_paths`` -> ``paths`` normalize ->
+loop {``Store.try_grant`` -> granted: a :class:`Lease`; blocked: the wait policy
+says how long to sleep} -> ``Lease.release`` -> ``Store.release`` (wakes this
+process's waiters of the same customer).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import URL, Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from pathlock import validation
+from pathlock.errors import (
+    BackendError,
+    DeadlockDetected,
+    InvalidArgument,
+    LockTimeout,
+    PathLockError,
+)
+from pathlock.lease import Lease
+from pathlock.paths import normalize_request
+from pathlock.schema import metadata
+from pathlock.store import MAX_BLOCKERS, Blocked, GrantRequest, Store
+from pathlock.types import LockInfo, Owner
+from pathlock.waiting import LocalWakeups, ReverseExponentialBackoff, WaitPolicy
+
+log = logging.getLogger(__name__)
+
+ISOLATION_LEVEL = "READ COMMITTED"
+
+
+def _engine_for(database: object, engine_options: dict[str, Any]) -> tuple[Engine, bool]:
+    """The engine to use and whether this manager created it (and disposes it)."""
+    if isinstance(database, Engine):
+        if engine_options:
+            raise TypeError("engine_options only apply when pathlock creates the engine")
+        # The conflict check is only sound under READ COMMITTED (DESIGN.md).
+        # An engine created with that level sets it once per connection; any
+        # other engine gets it per checkout, which costs a round trip or two.
+        if getattr(database.dialect, "_on_connect_isolation_level", None) == ISOLATION_LEVEL:
+            return database, False
+        return database.execution_options(isolation_level=ISOLATION_LEVEL), False
+    if isinstance(database, (str, URL)):
+        options: dict[str, Any] = {"pool_recycle": 3600, **engine_options}
+        options["isolation_level"] = ISOLATION_LEVEL
+        try:
+            return create_engine(database, **options), True
+        except (SQLAlchemyError, ValueError, ImportError) as error:
+            raise BackendError("creating the database engine", error) from error
+    kind = type(database).__name__
+    raise TypeError(f"database must be a URL string, a sqlalchemy URL or an Engine, got {kind}")
+
+
+class PathLockManager:
+    """Hierarchical path locks shared by every process that uses one database.
+
+    ``database`` is a SQLAlchemy URL (``mysql+pymysql://user@host/db``), a
+    :class:`sqlalchemy.URL` or an :class:`~sqlalchemy.Engine`. An engine passed
+    in is used as it is (transactions run in READ COMMITTED) and is not disposed
+    by :meth:`close`; one created from a URL is.
+
+    Options (keyword-only):
+
+    - ``node_id``: this app server's name, stored with every lock for operators
+      and node clean-up; default: the host name.
+    - ``ttl``: default lease duration in seconds (30). A lease that outlives its
+      ttl stops protecting its paths; renew it or pick a ttl longer than the work.
+    - ``case_insensitive``: case-fold paths, for file systems that ignore case.
+    - ``backoff``: the wait policy of blocked requests (default: the seed's
+      :class:`ReverseExponentialBackoff`).
+    - ``max_attempts``: how often one transaction is tried on transient database
+      errors (deadlock, lock-wait timeout, lost connection) before
+      :class:`BackendError`.
+    - ``engine_options``: extra keyword arguments for ``create_engine``.
+    """
+
+    def __init__(
+        self,
+        database: str | URL | Engine,
+        /,
+        *,
+        node_id: str | None = None,
+        ttl: float = 30.0,
+        case_insensitive: bool = False,
+        backoff: WaitPolicy | None = None,
+        max_attempts: int = 5,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
+        self.ttl = validation.ttl(ttl)
+        if not isinstance(case_insensitive, bool):
+            raise TypeError("case_insensitive must be a bool")
+        self.case_insensitive = case_insensitive
+        self.backoff: WaitPolicy = ReverseExponentialBackoff() if backoff is None else backoff
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise TypeError("max_attempts must be an int")
+        if max_attempts < 1:
+            raise InvalidArgument(f"max_attempts must be at least 1, got {max_attempts}")
+        self.engine, self._owns_engine = _engine_for(database, dict(engine_options or {}))
+        try:
+            self._store = Store(self.engine, max_attempts=max_attempts)
+        except PathLockError:
+            self._dispose()
+            raise
+        self._wakeups = LocalWakeups()
+        self._leases: dict[str, Lease] = {}
+        self._leases_lock = threading.Lock()
+        self._closed = False
+
+    # -- public API ---------------------------------------------------------------
+
+    def for_customer(self, customer_id: int) -> CustomerLocks:
+        """The locks of one customer (tenant); customers never block each other."""
+        return CustomerLocks(self, validation.customer_id(customer_id))
+
+    def create_schema(self) -> None:
+        """Create the tables that do not exist yet (quick starts and tests;
+        production runs the Alembic migrations). Never alters existing tables."""
+        try:
+            metadata.create_all(self.engine)
+        except SQLAlchemyError as error:
+            raise BackendError("creating the schema", error) from error
+
+    def list_locks(
+        self, customer_id: int | None = None, *, include_expired: bool = False
+    ) -> list[LockInfo]:
+        """Locked paths of one customer (or of all), sorted by customer and path.
+
+        Expired rows that the reaper has not deleted yet are left out unless
+        ``include_expired``.
+        """
+        if customer_id is not None:
+            customer_id = validation.customer_id(customer_id)
+        return self._store.list_locks(customer_id, include_expired=include_expired)
+
+    def close(self) -> None:
+        """Release every lease this manager still holds and dispose the engine
+        if the manager created it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._leases_lock:
+            leases = list(self._leases.values())
+        for lease in leases:
+            lease.release()
+        self._dispose()
+
+    def __enter__(self) -> PathLockManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<PathLockManager {url} node_id={self.node_id!r}>"
+
+    # -- internals used by CustomerLocks and Lease -------------------------------
+
+    def _dispose(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PathLockError("this PathLockManager is closed")
+
+    def _acquire(
+        self,
+        customer_id: int,
+        exclusive: Iterable[str],
+        shared: Iterable[str],
+        *,
+        timeout: object,
+        reason: object,
+        ttl: object,
+        blocking: bool,
+    ) -> Lease | None:
+        paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
+        wait_limit = validation.timeout(timeout) if blocking else 0.0
+        request = GrantRequest(
+            customer_id=customer_id,
+            lease_id=secrets.token_hex(16),
+            paths=paths,
+            owner=Owner.current(self.node_id),
+            reason=validation.reason(reason),
+            ttl=self.ttl if ttl is None else validation.ttl(ttl),
+        )
+        self._check_open()
+        deadline = None if wait_limit is None else time.monotonic() + wait_limit
+        delays = self.backoff.start()
+        with self._wakeups.watch(customer_id) as watch:
+            while True:
+                started = time.monotonic()
+                outcome = self._store.try_grant(request)
+                if not isinstance(outcome, Blocked):
+                    return self._register(request, outcome.fencing_token, started)
+                if not blocking:
+                    return None
+                blockers = outcome.blockers
+                # Fewer rows than the limit means we saw every blocker.
+                if len(blockers) < MAX_BLOCKERS and all(
+                    info.owner == request.owner for info in blockers
+                ):
+                    raise DeadlockDetected(paths, blockers)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise LockTimeout(paths, wait_limit or 0.0, blockers)
+                delay = delays.next()
+                watch.wait(delay if remaining is None else min(delay, remaining))
+
+    def _register(self, request: GrantRequest, token: int, started: float) -> Lease:
+        lease = Lease(
+            self,
+            customer_id=request.customer_id,
+            lease_id=request.lease_id,
+            paths=request.paths,
+            fencing_token=token,
+            owner=request.owner,
+            reason=request.reason,
+            ttl=request.ttl,
+            attempt_started=started,
+        )
+        with self._leases_lock:
+            self._leases[lease.lease_id] = lease
+        return lease
+
+    def _release(self, lease: Lease) -> int:
+        with self._leases_lock:
+            self._leases.pop(lease.lease_id, None)
+        try:
+            return self._store.release(lease.customer_id, lease.lease_id)
+        finally:
+            self._wakeups.notify(lease.customer_id)
+
+    def _release_owner(self, customer_id: int) -> int:
+        owner = Owner.current(self.node_id)
+        deleted = self._store.release_owner(customer_id, owner)
+        with self._leases_lock:
+            mine = [
+                lease
+                for lease in self._leases.values()
+                if lease.customer_id == customer_id and lease.owner == owner
+            ]
+            for lease in mine:
+                del self._leases[lease.lease_id]
+                lease._mark_released()
+        self._wakeups.notify(customer_id)
+        return deleted
+
+
+class CustomerLocks:
+    """The locks of one customer; get one from :meth:`PathLockManager.for_customer`."""
+
+    def __init__(self, manager: PathLockManager, customer_id: int) -> None:
+        self.manager = manager
+        self.customer_id = customer_id
+
+    def lock_paths(
+        self,
+        *paths: str,
+        shared: Iterable[str] = (),
+        timeout: float | None = None,
+        reason: str = "",
+        ttl: float | None = None,
+    ) -> Lease:
+        """Lock every path at once, all or nothing, waiting while any conflicts.
+
+        Positional paths are locked exclusive, ``shared`` ones shared. A lock
+        covers the path's whole subtree and conflicts with locks on the same
+        path, its ancestors and its descendants (shared + shared excepted).
+        ``timeout=None`` waits without limit, ``0`` makes one attempt; on expiry
+        :class:`LockTimeout` names the holders that blocked the last attempt. A
+        request blocked only by locks of its own owner (this node, process and
+        thread) raises :class:`DeadlockDetected` at once. ``ttl`` overrides the
+        manager's lease duration.
+        """
+        lease = self.manager._acquire(
+            self.customer_id,
+            paths,
+            shared,
+            timeout=timeout,
+            reason=reason,
+            ttl=ttl,
+            blocking=True,
+        )
+        if lease is None:  # pragma: no cover - a blocking acquire returns or raises
+            raise AssertionError("blocking acquire returned no lease")
+        return lease
+
+    def try_lock_paths(
+        self,
+        *paths: str,
+        shared: Iterable[str] = (),
+        reason: str = "",
+        ttl: float | None = None,
+    ) -> Lease | None:
+        """One attempt: a :class:`Lease`, or ``None`` if anything conflicts."""
+        return self.manager._acquire(
+            self.customer_id,
+            paths,
+            shared,
+            timeout=0,
+            reason=reason,
+            ttl=ttl,
+            blocking=False,
+        )
+
+    def release_locks(self) -> int:
+        """Release every lease that this owner (this node, process and thread)
+        holds for this customer; return the number of paths released."""
+        self.manager._check_open()
+        return self.manager._release_owner(self.customer_id)
+
+    def list_locks(self, *, include_expired: bool = False) -> list[LockInfo]:
+        """This customer's locked paths (see :meth:`PathLockManager.list_locks`)."""
+        return self.manager.list_locks(self.customer_id, include_expired=include_expired)
+
+    def __repr__(self) -> str:
+        return f"<CustomerLocks customer_id={self.customer_id} {self.manager!r}>"

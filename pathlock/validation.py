@@ -1,0 +1,83 @@
+"""Checks of caller-supplied values other than paths, done before any SQL.
+
+Wrong types raise ``TypeError``; right types with unacceptable values raise
+:class:`InvalidArgument` (a ``ValueError`` and a ``PathLockError``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pathlock.errors import InvalidArgument
+from pathlock.schema import NODE_ID_LENGTH, REASON_LENGTH
+
+MAX_CUSTOMER_ID = 2**63 - 1  # BIGINT
+MAX_TTL = 366 * 24 * 3600.0
+MIN_TTL = 0.001  # DATETIME(6) resolves microseconds; below a millisecond is noise
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _number(name: str, value: object) -> float:
+    # bool is an int subclass; True seconds is a bug, not a duration.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    number = float(value)
+    if math.isnan(number):
+        raise InvalidArgument(f"{name} must be a number of seconds, got NaN")
+    return number
+
+
+def customer_id(value: object) -> int:
+    """A customer id: an int from 0 to 2**63 - 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"customer_id must be an int, got {type(value).__name__}")
+    if not 0 <= value <= MAX_CUSTOMER_ID:
+        raise InvalidArgument(f"customer_id must be between 0 and {MAX_CUSTOMER_ID}, got {value}")
+    return value
+
+
+def timeout(value: object) -> float | None:
+    """How long to wait: ``None`` (or infinity) for no limit, else >= 0 seconds."""
+    if value is None:
+        return None
+    number = _number("timeout", value)
+    if number < 0:
+        raise InvalidArgument(f"timeout must be >= 0 seconds or None, got {number:g}")
+    return None if math.isinf(number) else number
+
+
+def ttl(value: object) -> float:
+    """A lease duration in seconds, from 1 ms to a year."""
+    number = _number("ttl", value)
+    if not MIN_TTL <= number <= MAX_TTL:
+        raise InvalidArgument(
+            f"ttl must be between {MIN_TTL:g} and {MAX_TTL:g} seconds, got {number:g}"
+        )
+    return number
+
+
+def reason(value: object) -> str:
+    """Free text shown to operators: up to 1000 characters, no NUL or surrogates."""
+    if not isinstance(value, str):
+        raise TypeError(f"reason must be a str, got {type(value).__name__}")
+    if len(value) > REASON_LENGTH:
+        raise InvalidArgument(f"reason is longer than {REASON_LENGTH} characters ({len(value)})")
+    if "\x00" in value or _SURROGATE.search(value):
+        raise InvalidArgument(f"reason {value!r} contains NUL or a lone surrogate")
+    return value
+
+
+def node_id(value: object) -> str:
+    """A node id: 1 to 255 printable characters."""
+    if not isinstance(value, str):
+        raise TypeError(f"node_id must be a str, got {type(value).__name__}")
+    if not 0 < len(value) <= NODE_ID_LENGTH:
+        raise InvalidArgument(
+            f"node_id must have 1 to {NODE_ID_LENGTH} characters, got {len(value)}"
+        )
+    if _CONTROL.search(value) or _SURROGATE.search(value):
+        raise InvalidArgument(f"node_id {value!r} contains control characters or surrogates")
+    return value
