@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import URL, Engine, create_engine
+from sqlalchemy import URL, Engine, create_engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import validation
@@ -31,7 +31,7 @@ from pathlock.errors import (
 from pathlock.lease import Lease
 from pathlock.paths import normalize_request
 from pathlock.schema import metadata
-from pathlock.store import MAX_BLOCKERS, Blocked, GrantRequest, Store
+from pathlock.store import MAX_BLOCKERS, Blocked, GrantRequest, Store, check_dialect
 from pathlock.types import LockInfo, Owner
 from pathlock.waiting import LocalWakeups, ReverseExponentialBackoff, WaitPolicy
 
@@ -55,7 +55,12 @@ def _engine_for(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         options: dict[str, Any] = {"pool_recycle": 3600, **engine_options}
         options["isolation_level"] = ISOLATION_LEVEL
         try:
-            return create_engine(database, **options), True
+            url = make_url(database)
+        except (SQLAlchemyError, ValueError) as error:
+            raise InvalidArgument(f"not a database URL: {error}") from error
+        check_dialect(url.get_backend_name())
+        try:
+            return create_engine(url, **options), True
         except (SQLAlchemyError, ValueError, ImportError) as error:
             raise BackendError("creating the database engine", error) from error
     kind = type(database).__name__

@@ -167,6 +167,14 @@ def conflict_condition(paths: Iterable[PathMode]) -> ColumnElement[bool]:
     return or_(*clauses)
 
 
+def check_dialect(name: str) -> None:
+    """Refuse databases pathlock has no SQL for, before connecting to them."""
+    if name not in SUPPORTED_DIALECTS:
+        raise InvalidArgument(
+            f"unsupported database {name!r}: pathlock runs on {' and '.join(SUPPORTED_DIALECTS)}"
+        )
+
+
 def _error_code(error: DBAPIError) -> int | None:
     args = getattr(error.orig, "args", ())
     if args and isinstance(args[0], int):
@@ -188,11 +196,7 @@ class Store:
     """
 
     def __init__(self, engine: Engine, *, max_attempts: int = 5, retry_delay: float = 0.05) -> None:
-        if engine.dialect.name not in SUPPORTED_DIALECTS:
-            raise InvalidArgument(
-                f"unsupported database {engine.dialect.name!r}: pathlock runs on "
-                f"{' and '.join(SUPPORTED_DIALECTS)}"
-            )
+        check_dialect(engine.dialect.name)
         self.engine = engine
         self.max_attempts = max_attempts
         self.retry_delay = retry_delay
