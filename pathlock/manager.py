@@ -220,7 +220,7 @@ class PathLockManager:
                     return None
                 blockers = outcome.blockers
                 # Fewer rows than the limit means we saw every blocker.
-                if len(blockers) < MAX_BLOCKERS and all(
+                if 0 < len(blockers) < MAX_BLOCKERS and all(
                     info.owner == request.owner for info in blockers
                 ):
                     raise DeadlockDetected(paths, blockers)

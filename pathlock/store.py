@@ -18,26 +18,35 @@ they share.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Connection,
     Engine,
+    Insert,
+    Integer,
     Row,
+    Select,
+    String,
     and_,
+    bindparam,
     delete,
+    exists,
     func,
     insert,
     literal_column,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -117,8 +126,7 @@ def _now() -> ColumnElement[datetime]:
     return func.utc_timestamp(6)
 
 
-def _now_plus(seconds: float) -> ColumnElement[datetime]:
-    microseconds = round(seconds * 1_000_000)
+def _now_plus(microseconds: ColumnElement[int]) -> ColumnElement[datetime]:
     return func.timestampadd(literal_column("MICROSECOND"), microseconds, _now())
 
 
@@ -142,29 +150,145 @@ def _lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
     )
 
 
-def _overlapping(paths: Sequence[str]) -> ColumnElement[bool]:
-    """Rows on any of ``paths``, their ancestors or their descendants."""
-    exact = set(paths)
-    for path in paths:
-        exact.update(ancestors(path))
-    clauses: list[ColumnElement[bool]] = [path_locks.c.path.in_(sorted(exact))]
+def _overlapping(group: str, count: int) -> ColumnElement[bool]:
+    """Rows on any of ``count`` paths of one mode, their ancestors (the
+    expanding list ``{group}_exact``) or their descendants (``{group}_like_N``)."""
+    clauses: list[ColumnElement[bool]] = [
+        path_locks.c.path.in_(bindparam(f"{group}_exact", expanding=True))
+    ]
     clauses.extend(
-        path_locks.c.path.like(descendants_pattern(path), escape=LIKE_ESCAPE) for path in paths
+        path_locks.c.path.like(bindparam(f"{group}_like_{n}"), escape=LIKE_ESCAPE)
+        for n in range(count)
     )
     return or_(*clauses)
 
 
-def conflict_condition(paths: Iterable[PathMode]) -> ColumnElement[bool]:
-    """Rows that conflict with a request: any mode overlapping its exclusive
-    paths, exclusive rows overlapping its shared paths."""
-    exclusive = [path for path, mode in paths if mode == EXCLUSIVE]
-    shared = [path for path, mode in paths if mode != EXCLUSIVE]
+def _conflict_condition(exclusive: int, shared: int) -> ColumnElement[bool]:
+    """Rows that conflict with a request of ``exclusive`` + ``shared`` paths:
+    any mode overlapping its exclusive paths, exclusive rows overlapping its
+    shared ones. Live rows of the customer only."""
     clauses = []
     if exclusive:
-        clauses.append(_overlapping(exclusive))
+        clauses.append(_overlapping("x", exclusive))
     if shared:
-        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, _overlapping(shared)))
-    return or_(*clauses)
+        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, _overlapping("s", shared)))
+    return and_(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.expires_at > _now(),
+        or_(*clauses),
+    )
+
+
+def _conflict_parameters(paths: Sequence[PathMode]) -> dict[str, Any]:
+    parameters: dict[str, Any] = {}
+    for group, wanted in (("x", True), ("s", False)):
+        chosen = [path for path, mode in paths if (mode == EXCLUSIVE) == wanted]
+        exact = set(chosen)
+        for path in chosen:
+            exact.update(ancestors(path))
+        parameters[f"{group}_exact"] = sorted(exact)
+        for n, path in enumerate(chosen):
+            parameters[f"{group}_like_{n}"] = descendants_pattern(path)
+    return parameters
+
+
+def _shape(paths: Sequence[PathMode]) -> tuple[int, int]:
+    exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
+    return exclusive, len(paths) - exclusive
+
+
+@functools.lru_cache(maxsize=128)
+def _blockers_query(exclusive: int, shared: int) -> Select[Any]:
+    return select(*_LOCK_COLUMNS).where(_conflict_condition(exclusive, shared)).limit(MAX_BLOCKERS)
+
+
+@functools.lru_cache(maxsize=128)
+def _grant_statement(exclusive: int, shared: int) -> Insert:
+    """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
+    WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
+    trip. Built once per request shape; the paths are bind parameters."""
+    requested = union_all(
+        *(
+            select(
+                bindparam(f"rq_path_{n}", type_=String).label("path"),
+                bindparam(f"rq_mode_{n}", type_=String).label("mode"),
+            )
+            for n in range(exclusive + shared)
+        )
+    ).subquery("requested")
+    values = select(
+        bindparam("c_id", type_=BigInteger),
+        bindparam("l_id", type_=String),
+        requested.c.path,
+        requested.c.mode,
+        bindparam("o_node", type_=String),
+        bindparam("o_pid", type_=Integer),
+        bindparam("o_thread", type_=String),
+        bindparam("why", type_=String),
+        bindparam("token", type_=BigInteger),
+        _now(),
+        _now_plus(bindparam("ttl_us", type_=BigInteger)),
+    ).where(~exists().where(_conflict_condition(exclusive, shared)))
+    columns = [
+        "customer_id",
+        "lease_id",
+        "path",
+        "mode",
+        "node_id",
+        "pid",
+        "thread",
+        "reason",
+        "fencing_token",
+        "created_at",
+        "expires_at",
+    ]
+    return insert(path_locks).from_select(columns, values)
+
+
+def _grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
+    parameters = _conflict_parameters(request.paths)
+    for n, (path, mode) in enumerate(request.paths):
+        parameters[f"rq_path_{n}"] = path
+        parameters[f"rq_mode_{n}"] = mode
+    parameters.update(
+        c_id=request.customer_id,
+        l_id=request.lease_id,
+        o_node=request.owner.node_id,
+        o_pid=request.owner.pid,
+        o_thread=request.owner.thread,
+        why=request.reason,
+        token=token,
+        ttl_us=round(request.ttl * 1_000_000),
+    )
+    return parameters
+
+
+# The fixed statements, built once.
+_BUMP = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    # LAST_INSERT_ID(expr) hands the new value back in the statement's own
+    # reply, saving a SELECT on the hot path.
+    .values(version=func.last_insert_id(customer_locks.c.version + 1))
+)
+# IGNORE: a concurrent first use may insert the row too; the UPDATE that follows
+# then waits for that transaction.
+_CREATE_SENTINEL = (
+    insert(customer_locks).prefix_with("IGNORE").values(customer_id=bindparam("c_id"), version=0)
+)
+_LANDED = (
+    select(path_locks.c.fencing_token).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
+)
+_RELEASE = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("l_id"),
+)
+_RELEASE_OWNER = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.node_id == bindparam("o_node"),
+    path_locks.c.pid == bindparam("o_pid"),
+    path_locks.c.thread == bindparam("o_thread"),
+)
 
 
 def check_dialect(name: str) -> None:
@@ -235,26 +359,12 @@ class Store:
 
     @staticmethod
     def _bump(connection: Connection, customer_id: int) -> int:
-        """Write the customer's sentinel row and return its new version.
-
-        ``LAST_INSERT_ID(expr)`` hands the new value back in the statement's own
-        reply, saving a SELECT on the hot path.
-        """
-        bump = (
-            update(customer_locks)
-            .where(customer_locks.c.customer_id == customer_id)
-            .values(version=func.last_insert_id(customer_locks.c.version + 1))
-        )
-        result = connection.execute(bump)
-        if result.rowcount == 0:
-            # First use of this customer. IGNORE: a concurrent first use may
-            # insert it too; the UPDATE below then waits for that transaction.
-            connection.execute(
-                insert(customer_locks)
-                .prefix_with("IGNORE")
-                .values(customer_id=customer_id, version=0)
-            )
-            result = connection.execute(bump)
+        """Write the customer's sentinel row and return its new version."""
+        parameters = {"c_id": customer_id}
+        result = connection.execute(_BUMP, parameters)
+        if result.rowcount == 0:  # first use of this customer
+            connection.execute(_CREATE_SENTINEL, parameters)
+            result = connection.execute(_BUMP, parameters)
         token = result.lastrowid
         if not token:
             raise BackendError(
@@ -267,6 +377,7 @@ class Store:
 
     def try_grant(self, request: GrantRequest) -> Granted | Blocked:
         """One attempt to grant every path of ``request`` at once."""
+        shape = _shape(request.paths)
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked:
             token = self._bump(connection, request.customer_id)
@@ -274,29 +385,33 @@ class Store:
                 # The previous attempt may have failed after its COMMIT landed
                 # (connection lost during COMMIT): then our rows exist, and
                 # granting again would block on ourselves or insert twice.
-                landed = connection.execute(
-                    select(path_locks.c.fencing_token)
-                    .where(path_locks.c.lease_id == request.lease_id)
-                    .limit(1)
-                ).scalar()
+                landed = connection.execute(_LANDED, {"l_id": request.lease_id}).scalar()
                 if landed is not None:
                     connection.rollback()
                     return Granted(int(landed))
-            blockers = connection.execute(
-                select(*_LOCK_COLUMNS)
-                .where(
-                    path_locks.c.customer_id == request.customer_id,
-                    path_locks.c.expires_at > _now(),
-                    conflict_condition(request.paths),
-                )
-                .limit(MAX_BLOCKERS)
-            ).all()
-            if blockers:
+            # Check and insert in one statement: the rows go in only if no live
+            # conflicting row exists (the subquery is one consistent read, so
+            # it is all rows or none).
+            inserted = connection.execute(
+                _grant_statement(*shape), _grant_parameters(request, token)
+            ).rowcount
+            if inserted == len(request.paths):
+                connection.commit()
+                return Granted(token)
+            if inserted:
                 connection.rollback()
-                return Blocked(tuple(_lock_info(row) for row in blockers))
-            connection.execute(insert(path_locks).values(_rows(request, token)))
-            connection.commit()
-            return Granted(token)
+                raise BackendError(
+                    "acquiring locks",
+                    RuntimeError(f"{inserted} of {len(request.paths)} rows inserted; rolled back"),
+                )
+            # Denied: read who is in the way while still holding the sentinel,
+            # so the picture is the one that denied us (for the caller's error
+            # and the own-owner check).
+            parameters = _conflict_parameters(request.paths)
+            parameters["c_id"] = request.customer_id
+            blockers = connection.execute(_blockers_query(*shape), parameters).all()
+            connection.rollback()
+            return Blocked(tuple(_lock_info(row) for row in blockers))
 
         return self._run("acquiring locks", attempt)
 
@@ -305,12 +420,8 @@ class Store:
 
         def attempt(connection: Connection, _number: int) -> int:
             self._bump(connection, customer_id)
-            deleted = connection.execute(
-                delete(path_locks).where(
-                    path_locks.c.customer_id == customer_id,
-                    path_locks.c.lease_id == lease_id,
-                )
-            ).rowcount
+            parameters = {"c_id": customer_id, "l_id": lease_id}
+            deleted = connection.execute(_RELEASE, parameters).rowcount
             connection.commit()
             return deleted
 
@@ -321,14 +432,13 @@ class Store:
 
         def attempt(connection: Connection, _number: int) -> int:
             self._bump(connection, customer_id)
-            deleted = connection.execute(
-                delete(path_locks).where(
-                    path_locks.c.customer_id == customer_id,
-                    path_locks.c.node_id == owner.node_id,
-                    path_locks.c.pid == owner.pid,
-                    path_locks.c.thread == owner.thread,
-                )
-            ).rowcount
+            parameters = {
+                "c_id": customer_id,
+                "o_node": owner.node_id,
+                "o_pid": owner.pid,
+                "o_thread": owner.thread,
+            }
+            deleted = connection.execute(_RELEASE_OWNER, parameters).rowcount
             connection.commit()
             return deleted
 
@@ -350,26 +460,6 @@ class Store:
             return [_lock_info(row) for row in rows]
 
         return self._run("listing locks", attempt)
-
-
-def _rows(request: GrantRequest, token: int) -> list[dict[str, Any]]:
-    expires_at = _now_plus(request.ttl)
-    return [
-        {
-            "customer_id": request.customer_id,
-            "lease_id": request.lease_id,
-            "path": path,
-            "mode": mode,
-            "node_id": request.owner.node_id,
-            "pid": request.owner.pid,
-            "thread": request.owner.thread,
-            "reason": request.reason,
-            "fencing_token": token,
-            "created_at": _now(),
-            "expires_at": expires_at,
-        }
-        for path, mode in request.paths
-    ]
 
 
 _NO_SUCH_TABLE = 1146

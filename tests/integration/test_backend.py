@@ -22,7 +22,10 @@ def _pooled_connection_id(manager: PathLockManager) -> int:
 
 
 def test_killed_connection_is_retried_with_a_warning(
-    manager: PathLockManager, locks: CustomerLocks, raw_engine: Engine, caplog: pytest.LogCaptureFixture
+    manager: PathLockManager,
+    locks: CustomerLocks,
+    raw_engine: Engine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     locks.lock_paths("/warm/up/the/pool").release()
     victim = _pooled_connection_id(manager)
@@ -133,9 +136,11 @@ def test_engine_passed_in_runs_read_committed_and_is_not_disposed(
 
 def test_unreachable_server_is_a_backend_error(customer_id: int) -> None:
     url = "mysql+pymysql://root@127.0.0.1:9/test"  # discard port: nothing listens
-    with PathLockManager(url, max_attempts=2) as manager:
-        with pytest.raises(BackendError, match="2 attempts"):
-            manager.for_customer(customer_id).lock_paths("/a")
+    with (
+        PathLockManager(url, max_attempts=2) as manager,
+        pytest.raises(BackendError, match="2 attempts"),
+    ):
+        manager.for_customer(customer_id).lock_paths("/a")
 
 
 def test_bad_constructor_arguments() -> None:

@@ -38,7 +38,11 @@ def _sentinel(engine: Engine, customer_id: int) -> int | None:
 
 
 def _other_owner(
-    manager: PathLockManager, customer_id: int, action: str, *paths: str, shared: tuple[str, ...] = ()
+    manager: PathLockManager,
+    customer_id: int,
+    action: str,
+    *paths: str,
+    shared: tuple[str, ...] = (),
 ) -> object:
     """Run try_lock_paths (or lock_paths with timeout 0) in another thread, i.e.
     as a different owner, and return what it returned or raised."""
@@ -106,7 +110,7 @@ MATRIX = [
     ("/a\\", "exclusive", "/a\\/x", "exclusive", True),
     ("/a\\b/x", "exclusive", "/a\\", "exclusive", False),
     ("/a\\%", "exclusive", "/a\\x", "exclusive", False),
-    ("/it's", "exclusive", "/it's/\"quoted\"", "exclusive", True),
+    ("/it's", "exclusive", '/it\'s/"quoted"', "exclusive", True),
     # case matters unless the manager folds case
     ("/Shared/A", "exclusive", "/Shared/a", "exclusive", False),
     # Unicode NFC and NFD spellings are one path
@@ -127,9 +131,7 @@ def test_conflict_matrix(
     asked_mode: str,
     conflicts: bool,
 ) -> None:
-    lease = (
-        locks.lock_paths(held) if held_mode == "exclusive" else locks.lock_paths(shared=[held])
-    )
+    lease = locks.lock_paths(held) if held_mode == "exclusive" else locks.lock_paths(shared=[held])
     with lease:
         paths, shared = ((asked,), ()) if asked_mode == "exclusive" else ((), (asked,))
         got = _other_owner(manager, locks.customer_id, "try", *paths, shared=shared)
@@ -178,8 +180,21 @@ def test_case_insensitive_manager_folds_case(database_url: str, customer_id: int
 
 @pytest.mark.parametrize(
     "bad",
-    ["", "relative/path", "/a/../b", "/a/./b", "/..", "/a/\x00", "/a\nb", "/\x7f", "/\ud800", None,
-     b"/bytes", 42, "/" + "x" * 4000],
+    [
+        "",
+        "relative/path",
+        "/a/../b",
+        "/a/./b",
+        "/..",
+        "/a/\x00",
+        "/a\nb",
+        "/\x7f",
+        "/\ud800",
+        None,
+        b"/bytes",
+        42,
+        "/" + "x" * 4000,
+    ],
 )
 def test_bad_input_is_rejected_before_anything_is_written(
     locks: CustomerLocks, raw_engine: Engine, bad: object
@@ -258,7 +273,7 @@ def test_timeout_names_the_holder(manager: PathLockManager, locks: CustomerLocks
         assert len(outcome) == 1
 
 
-def test_waiter_is_granted_after_release(manager: PathLockManager, locks: CustomerLocks) -> None:
+def test_waiter_is_granted_after_release(locks: CustomerLocks) -> None:
     granted = threading.Event()
     tokens: list[int] = []
     holder = locks.lock_paths("/project")
@@ -287,9 +302,7 @@ def test_conflict_with_own_owner_fails_at_once(locks: CustomerLocks) -> None:
         assert locks.try_lock_paths("/a") is None
 
 
-def test_release_locks_releases_only_this_owner(
-    manager: PathLockManager, locks: CustomerLocks, raw_engine: Engine
-) -> None:
+def test_release_locks_releases_only_this_owner(locks: CustomerLocks, raw_engine: Engine) -> None:
     first = locks.lock_paths("/one")
     second = locks.lock_paths("/two", shared=["/three"])
     other_thread: list[object] = []
