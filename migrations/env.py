@@ -1,0 +1,120 @@
+"""Alembic environment for pathlock's tables.
+
+The database URL comes from, first to last: ``alembic -x url=...``, the
+environment variable ``PATHLOCK_DATABASE_URL``, ``sqlalchemy.url`` in the ini
+file. The revisions are recorded in their own version table,
+``pathlock_alembic_version``, so these migrations can run against the same
+database as a host application's own Alembic migrations without either one
+seeing the other's revisions.
+"""
+
+from __future__ import annotations
+
+import os
+from logging.config import fileConfig
+from typing import Any
+
+from alembic import context
+from alembic.runtime.environment import NameFilterParentNames, NameFilterType
+from alembic.runtime.migration import MigrationContext
+from alembic.util import CommandError
+from sqlalchemy import Column, FetchedValue, create_engine, pool
+
+import pathlock.schema
+
+URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
+VERSION_TABLE = "pathlock_alembic_version"
+
+config = context.config
+target_metadata = pathlock.schema.metadata
+
+# Only the `alembic` command line wants logging set up from the ini file: code
+# that runs these migrations itself (tests, a host application) already has its
+# logging and can opt out with config.attributes["configure_logger"] = False.
+if (
+    config.config_file_name is not None
+    and config.file_config.has_section("loggers")
+    and config.attributes.get("configure_logger", True)
+):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _database_url() -> str:
+    url = (
+        context.get_x_argument(as_dictionary=True).get("url")
+        or os.environ.get(URL_ENV_VAR)
+        or config.get_main_option("sqlalchemy.url")
+    )
+    if not url:
+        # CommandError: the alembic command line prints it without a traceback.
+        raise CommandError(
+            "pathlock migrations need a database URL: pass "
+            "`alembic -x url=mysql+pymysql://user:pass@host/db ...`, set "
+            f"{URL_ENV_VAR}, or set sqlalchemy.url in the ini file"
+        )
+    return url
+
+
+def _include_name(
+    name: str | None, type_: NameFilterType, _parent_names: NameFilterParentNames
+) -> bool:
+    # pathlock's tables usually share a database with an application's tables.
+    # Autogenerate must not see those, or it would propose dropping them.
+    if type_ == "table":
+        return name in target_metadata.tables
+    return True
+
+
+def _compare_server_default(
+    _context: MigrationContext,
+    _inspected_column: Column[Any],
+    _metadata_column: Column[Any],
+    inspected_default: str | None,
+    _metadata_default: FetchedValue | None,
+    rendered_metadata_default: str | None,
+) -> bool | None:
+    # Alembic's MySQL comparison (1.20) quotes a string default before comparing
+    # it with the reflected one, but skips that step for the empty string, so the
+    # reflected DEFAULT '' never equals server_default="" and autogenerate proposes
+    # the same alter_column forever. Only that exact pair is settled here; None
+    # hands every other default to Alembic's own comparison.
+    if rendered_metadata_default == "" and inspected_default == "''":
+        return False
+    return None
+
+
+def _configure(**connection_options: Any) -> None:
+    """Configure the context the same way online and offline."""
+    context.configure(
+        target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        include_name=_include_name,
+        compare_type=True,
+        compare_server_default=_compare_server_default,
+        **connection_options,
+    )
+
+
+def run_migrations_offline() -> None:
+    """Print the SQL (``alembic upgrade head --sql``) instead of running it."""
+    _configure(url=_database_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    """Run the migrations on a connection of their own."""
+    engine = create_engine(_database_url(), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            _configure(connection=connection)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
