@@ -8,6 +8,7 @@ through the MySQL/MariaDB database they already trust.
 """
 
 from pathlock.errors import (
+    ArgumentTypeError,
     BackendError,
     DeadlockDetected,
     InvalidArgument,
@@ -22,6 +23,7 @@ from pathlock.types import LockInfo, Mode, Owner
 from pathlock.waiting import ReverseExponentialBackoff, WaitPolicy
 
 __all__ = [
+    "ArgumentTypeError",
     "BackendError",
     "CustomerLocks",
     "DeadlockDetected",

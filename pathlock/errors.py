@@ -29,7 +29,21 @@ _MAX_SHOWN = 120  # characters of a bad value quoted in a message
 
 
 class PathLockError(Exception):
-    """Base class of every error raised by pathlock."""
+    """Base class of every error raised by pathlock.
+
+    Subclasses that take data keep their constructor arguments in ``_args``, so
+    they survive pickling (errors cross process boundaries) and ``copy``.
+    """
+
+    _args: tuple[object, ...] = ()
+
+    def __reduce__(self) -> tuple[type[PathLockError], tuple[object, ...]]:
+        return type(self), self._args or self.args
+
+
+class ArgumentTypeError(PathLockError, TypeError):
+    """An argument has the wrong type (a ``bool`` where seconds are expected,
+    a ``str`` customer id, ...). Raised before anything is written."""
 
 
 class InvalidArgument(PathLockError, ValueError):
@@ -48,11 +62,13 @@ class InvalidPath(InvalidArgument):
     """
 
     def __init__(self, path: object, problem: str) -> None:
+        self._args = (path, problem)
         self.path = path
         self.problem = problem
         shown = repr(path)
         if len(shown) > _MAX_SHOWN:
-            shown = shown[: _MAX_SHOWN - 20] + f"...' ({len(shown)} characters)"
+            size = len(path) if isinstance(path, (str, bytes)) else len(shown)
+            shown = shown[: _MAX_SHOWN - 20] + f"...' ({size} characters)"
         super().__init__(f"invalid path {shown}: {problem}")
 
 
@@ -70,6 +86,7 @@ class LockTimeout(PathLockError, TimeoutError):
         timeout: float,
         held_by: Sequence[LockInfo],
     ) -> None:
+        self._args = (paths, timeout, held_by)
         self.paths = tuple(paths)
         self.timeout = timeout
         self.held_by = tuple(held_by)
@@ -87,6 +104,7 @@ class DeadlockDetected(PathLockError):
     """
 
     def __init__(self, paths: Sequence[PathMode], held_by: Sequence[LockInfo]) -> None:
+        self._args = (paths, held_by)
         self.paths = tuple(paths)
         self.held_by = tuple(held_by)
         super().__init__(
@@ -105,6 +123,7 @@ class LeaseLost(PathLockError):
     """
 
     def __init__(self, lease_id: str, reason: str) -> None:
+        self._args = (lease_id, reason)
         self.lease_id = lease_id
         self.reason = reason
         super().__init__(f"lease {lease_id} is not held: {reason}")
@@ -121,6 +140,7 @@ class BackendError(PathLockError):
     """
 
     def __init__(self, action: str, cause: BaseException, hint: str = "") -> None:
+        self._args = (action, cause, hint)
         self.action = action
         self.cause = cause
         message = f"{action} failed: {type(cause).__name__}: {_first_line(cause)}"

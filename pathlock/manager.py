@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import validation
 from pathlock.errors import (
+    ArgumentTypeError,
     BackendError,
     DeadlockDetected,
     InvalidArgument,
@@ -44,7 +45,7 @@ def _engine_for(database: object, engine_options: dict[str, Any]) -> tuple[Engin
     """The engine to use and whether this manager created it (and disposes it)."""
     if isinstance(database, Engine):
         if engine_options:
-            raise TypeError("engine_options only apply when pathlock creates the engine")
+            raise ArgumentTypeError("engine_options only apply when pathlock creates the engine")
         # The conflict check is only sound under READ COMMITTED (DESIGN.md).
         # An engine created with that level sets it once per connection; any
         # other engine gets it per checkout, which costs a round trip or two.
@@ -64,7 +65,9 @@ def _engine_for(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         except (SQLAlchemyError, ValueError, ImportError) as error:
             raise BackendError("creating the database engine", error) from error
     kind = type(database).__name__
-    raise TypeError(f"database must be a URL string, a sqlalchemy URL or an Engine, got {kind}")
+    raise ArgumentTypeError(
+        f"database must be a URL string, a sqlalchemy URL or an Engine, got {kind}"
+    )
 
 
 class PathLockManager:
@@ -105,11 +108,11 @@ class PathLockManager:
         self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
         self.ttl = validation.ttl(ttl)
         if not isinstance(case_insensitive, bool):
-            raise TypeError("case_insensitive must be a bool")
+            raise ArgumentTypeError("case_insensitive must be a bool")
         self.case_insensitive = case_insensitive
         self.backoff: WaitPolicy = ReverseExponentialBackoff() if backoff is None else backoff
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise TypeError("max_attempts must be an int")
+            raise ArgumentTypeError("max_attempts must be an int")
         if max_attempts < 1:
             raise InvalidArgument(f"max_attempts must be at least 1, got {max_attempts}")
         self.engine, self._owns_engine = _engine_for(database, dict(engine_options or {}))

@@ -45,7 +45,7 @@ def normalize(path: object, *, case_insensitive: bool = False) -> str:
     if not path:
         raise InvalidPath(path, "empty")
     if len(path) > _MAX_RAW_LENGTH:
-        raise InvalidPath(path, f"longer than {MAX_PATH_LENGTH} characters")
+        raise InvalidPath(path, f"longer than {_MAX_RAW_LENGTH} characters before normalization")
     bad = _FORBIDDEN.search(path)
     if bad:
         char = bad.group()
@@ -93,8 +93,9 @@ def escape_like(text: str) -> str:
 def descendants_pattern(path: str) -> str:
     """A LIKE pattern (escape character :data:`LIKE_ESCAPE`) matching exactly
     the proper descendants of a normalized path."""
-    prefix = "/" if path == "/" else path + "/"
-    return escape_like(prefix) + "%"
+    if path == "/":
+        return "/_%"  # at least one character after the slash: not the root itself
+    return escape_like(path + "/") + "%"
 
 
 def overlaps(first: str, second: str) -> bool:

@@ -1,7 +1,8 @@
 """Checks of caller-supplied values other than paths, done before any SQL.
 
-Wrong types raise ``TypeError``; right types with unacceptable values raise
-:class:`InvalidArgument` (a ``ValueError`` and a ``PathLockError``).
+Wrong types raise :class:`ArgumentTypeError` (a ``TypeError``); right types
+with unacceptable values raise :class:`InvalidArgument` (a ``ValueError``); both
+are ``PathLockError``s.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from pathlock.errors import InvalidArgument
+from pathlock.errors import ArgumentTypeError, InvalidArgument
 from pathlock.schema import NODE_ID_LENGTH, REASON_LENGTH
 
 MAX_CUSTOMER_ID = 2**63 - 1  # BIGINT
@@ -23,7 +24,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def _number(name: str, value: object) -> float:
     # bool is an int subclass; True seconds is a bug, not a duration.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     number = float(value)
     if math.isnan(number):
         raise InvalidArgument(f"{name} must be a number of seconds, got NaN")
@@ -33,7 +34,7 @@ def _number(name: str, value: object) -> float:
 def customer_id(value: object) -> int:
     """A customer id: an int from 0 to 2**63 - 1."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"customer_id must be an int, got {type(value).__name__}")
+        raise ArgumentTypeError(f"customer_id must be an int, got {type(value).__name__}")
     if not 0 <= value <= MAX_CUSTOMER_ID:
         raise InvalidArgument(f"customer_id must be between 0 and {MAX_CUSTOMER_ID}, got {value}")
     return value
@@ -62,7 +63,7 @@ def ttl(value: object) -> float:
 def reason(value: object) -> str:
     """Free text shown to operators: up to 1000 characters, no NUL or surrogates."""
     if not isinstance(value, str):
-        raise TypeError(f"reason must be a str, got {type(value).__name__}")
+        raise ArgumentTypeError(f"reason must be a str, got {type(value).__name__}")
     if len(value) > REASON_LENGTH:
         raise InvalidArgument(f"reason is longer than {REASON_LENGTH} characters ({len(value)})")
     if "\x00" in value or _SURROGATE.search(value):
@@ -73,7 +74,7 @@ def reason(value: object) -> str:
 def node_id(value: object) -> str:
     """A node id: 1 to 255 printable characters."""
     if not isinstance(value, str):
-        raise TypeError(f"node_id must be a str, got {type(value).__name__}")
+        raise ArgumentTypeError(f"node_id must be a str, got {type(value).__name__}")
     if not 0 < len(value) <= NODE_ID_LENGTH:
         raise InvalidArgument(
             f"node_id must have 1 to {NODE_ID_LENGTH} characters, got {len(value)}"

@@ -13,6 +13,10 @@ import random
 import threading
 from typing import Protocol
 
+from pathlock.errors import InvalidArgument
+
+_MIN_FIRST = 0.001
+
 
 class Delays(Protocol):
     """The sleeps of one request, one per failed attempt."""
@@ -53,12 +57,15 @@ class ReverseExponentialBackoff:
         cycle: int = 15,
         jitter: float = 0.2,
     ) -> None:
+        # The formula works in milliseconds and shrinks only from 1 ms up.
         if not (math.isfinite(first) and math.isfinite(floor) and 0 < floor <= first):
-            raise ValueError(f"need 0 < floor <= first, got floor={floor!r}, first={first!r}")
+            raise InvalidArgument(f"need 0 < floor <= first, got floor={floor!r}, first={first!r}")
+        if first < _MIN_FIRST:
+            raise InvalidArgument(f"first must be at least {_MIN_FIRST} s, got {first!r}")
         if cycle < 1:
-            raise ValueError(f"cycle must be at least 1, got {cycle!r}")
+            raise InvalidArgument(f"cycle must be at least 1, got {cycle!r}")
         if not 0 <= jitter < 1:
-            raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
+            raise InvalidArgument(f"jitter must be in [0, 1), got {jitter!r}")
         self.first = first
         self.floor = floor
         self.cycle = cycle
