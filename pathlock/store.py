@@ -271,8 +271,7 @@ _BUMP = (
     # reply, saving a SELECT on the hot path.
     .values(version=func.last_insert_id(customer_locks.c.version + 1))
 )
-# IGNORE: a concurrent first use may insert the row too; the UPDATE that follows
-# then waits for that transaction.
+# IGNORE: a concurrent first use may insert the row too.
 _CREATE_SENTINEL = (
     insert(customer_locks).prefix_with("IGNORE").values(customer_id=bindparam("c_id"), version=0)
 )
@@ -362,8 +361,14 @@ class Store:
         """Write the customer's sentinel row and return its new version."""
         parameters = {"c_id": customer_id}
         result = connection.execute(_BUMP, parameters)
-        if result.rowcount == 0:  # first use of this customer
+        if result.rowcount == 0:
+            # First use of this customer: create the row in a transaction of
+            # its own. Inserting and then updating it in one transaction
+            # deadlocks when several clients start at once (each waits on the
+            # others' shared lock on the new key). Nothing is held yet here.
+            connection.rollback()
             connection.execute(_CREATE_SENTINEL, parameters)
+            connection.commit()
             result = connection.execute(_BUMP, parameters)
         token = result.lastrowid
         if not token:

@@ -3,6 +3,8 @@ tenants, literal matching, Unicode, bad input, fencing tokens and timeouts."""
 
 from __future__ import annotations
 
+import logging
+import secrets
 import threading
 import time
 
@@ -358,3 +360,34 @@ def test_closed_manager_refuses_and_released_its_leases(
     assert _rows(raw_engine, customer_id) == []
     with pytest.raises(PathLockError, match="closed"):
         locks.lock_paths("/x")
+
+
+def test_first_use_of_a_customer_by_many_clients_at_once(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Creating the sentinel row inside the grant transaction deadlocked when
+    several clients made a customer's first request together (1213, retried)."""
+    clients = 12
+    granted: list[int] = []
+    with PathLockManager(database_url, engine_options={"pool_size": clients}) as manager:
+        for _ in range(5):
+            locks = manager.for_customer(secrets.randbelow(2**62) + 1)
+            barrier = threading.Barrier(clients)
+
+            def work(
+                n: int, locks: CustomerLocks = locks, barrier: threading.Barrier = barrier
+            ) -> None:
+                barrier.wait()
+                lease = locks.try_lock_paths(f"/p{n}")  # distinct paths: no conflict
+                if lease is not None:
+                    granted.append(lease.fencing_token)
+                    lease.release()
+
+            with caplog.at_level(logging.WARNING, logger="pathlock"):
+                threads = [threading.Thread(target=work, args=(n,)) for n in range(clients)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+    assert len(granted) == 5 * clients
+    assert [record.getMessage() for record in caplog.records] == []
