@@ -1,13 +1,16 @@
 """All SQL of pathlock: one operation is one short transaction.
 
-The acquire attempt follows DESIGN.md:
+The acquire attempt follows the design page:
 
-1. write the customer's sentinel row (``version = version + 1``): every two
-   grants or releases of one customer now conflict, on one server and on a
-   multi-master cluster alike; the new version is the fencing token;
-2. one query finds live conflicting rows for all requested paths at once;
-3. no conflict: insert every row and commit; conflict: roll back (the version
-   bump goes with it). Nothing is held between attempts.
+1. write the customer's sentinel row (``version = LAST_INSERT_ID(version + 1)``):
+   every two grants or releases of one customer now conflict, on one server and
+   on a multi-master cluster alike; the new version, returned in the UPDATE's
+   own reply, is the fencing token;
+2. one ``INSERT ... SELECT ... WHERE NOT EXISTS`` inserts a row for every
+   requested path only if no live conflicting row exists (one consistent read
+   covers all paths, so it inserts all rows or none);
+3. all inserted: commit; none: read the blockers (for the caller), roll back
+   (the version bump goes with it). Nothing is held between attempts.
 
 Transactions run in READ COMMITTED: under REPEATABLE READ a read before the
 sentinel write would fix the snapshot and the conflict query would read the past.
