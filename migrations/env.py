@@ -16,9 +16,8 @@ from typing import Any
 
 from alembic import context
 from alembic.runtime.environment import NameFilterParentNames, NameFilterType
-from alembic.runtime.migration import MigrationContext
 from alembic.util import CommandError
-from sqlalchemy import Column, FetchedValue, create_engine, pool
+from sqlalchemy import create_engine, pool
 
 import pathlock.schema
 
@@ -65,24 +64,6 @@ def _include_name(
     return True
 
 
-def _compare_server_default(
-    _context: MigrationContext,
-    _inspected_column: Column[Any],
-    _metadata_column: Column[Any],
-    inspected_default: str | None,
-    _metadata_default: FetchedValue | None,
-    rendered_metadata_default: str | None,
-) -> bool | None:
-    # Alembic's MySQL comparison (1.20) quotes a string default before comparing
-    # it with the reflected one, but skips that step for the empty string, so the
-    # reflected DEFAULT '' never equals server_default="" and autogenerate proposes
-    # the same alter_column forever. Only that exact pair is settled here; None
-    # hands every other default to Alembic's own comparison.
-    if rendered_metadata_default == "" and inspected_default == "''":
-        return False
-    return None
-
-
 def _configure(**connection_options: Any) -> None:
     """Configure the context the same way online and offline."""
     context.configure(
@@ -90,7 +71,7 @@ def _configure(**connection_options: Any) -> None:
         version_table=VERSION_TABLE,
         include_name=_include_name,
         compare_type=True,
-        compare_server_default=_compare_server_default,
+        compare_server_default=pathlock.schema.compare_server_default,
         **connection_options,
     )
 

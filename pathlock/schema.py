@@ -8,7 +8,7 @@ quick starts and tests; production runs the migrations.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
@@ -25,6 +25,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 
 from pathlock.paths import MAX_PATH_LENGTH
+
+if TYPE_CHECKING:
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import FetchedValue
 
 # Deterministic constraint names, so migrations can refer to them.
 metadata = MetaData(
@@ -124,3 +128,24 @@ path_lock_waiters = Table(
     Index(None, "node_id", "pid", "thread"),
     **_MYSQL_TABLE,
 )
+
+
+def compare_server_default(
+    _context: MigrationContext,
+    _inspected_column: Column[Any],
+    _metadata_column: Column[Any],
+    inspected_default: str | None,
+    _metadata_default: FetchedValue | None,
+    rendered_metadata_default: str | None,
+) -> bool | None:
+    """Alembic's ``compare_server_default`` hook for these tables.
+
+    Alembic's MySQL comparison (1.20) quotes a string default before comparing
+    it with the reflected one, but skips that step for the empty string, so the
+    reflected ``DEFAULT ''`` never equals ``server_default=""`` and autogenerate
+    would propose the same ``alter_column`` forever. Only that exact pair is
+    settled here; ``None`` hands every other default to Alembic's comparison.
+    """
+    if rendered_metadata_default == "" and inspected_default == "''":
+        return False
+    return None

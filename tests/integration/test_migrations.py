@@ -21,10 +21,10 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import URL, Column, Engine, FetchedValue, create_engine, inspect, make_url
+from sqlalchemy import URL, Engine, create_engine, inspect, make_url
 from sqlalchemy.pool import NullPool
 
-from pathlock.schema import metadata
+from pathlock.schema import compare_server_default, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -146,25 +146,6 @@ def _key_order_insensitive(ddl: str) -> list[str]:
     return [next(ordered) if line.startswith("  KEY ") else next(rest) for line in lines]
 
 
-def _compare_server_default(
-    _context: MigrationContext,
-    _inspected_column: Column[Any],
-    _metadata_column: Column[Any],
-    inspected_default: str | None,
-    _metadata_default: FetchedValue | None,
-    rendered_metadata_default: str | None,
-) -> bool | None:
-    # The same narrow rule as migrations/env.py (test_autogenerate_through_env
-    # checks that copy): Alembic 1.20's MySQL comparison does not quote an empty
-    # string default before comparing, so the reflected DEFAULT '' is reported as
-    # different from server_default="" even on tables made by metadata.create_all().
-    # None leaves every other default to Alembic; test_comparison_sees_changes
-    # shows a changed default is still reported.
-    if rendered_metadata_default == "" and inspected_default == "''":
-        return False
-    return None
-
-
 def _differences(url: URL) -> list[Any]:
     engine = create_engine(url, poolclass=NullPool)
     try:
@@ -175,7 +156,7 @@ def _differences(url: URL) -> list[Any]:
                     # The version table belongs to the migrations, not to metadata.
                     "version_table": VERSION_TABLE,
                     "compare_type": True,
-                    "compare_server_default": _compare_server_default,
+                    "compare_server_default": compare_server_default,
                 },
             )
             return list(compare_metadata(context, metadata))
