@@ -391,3 +391,21 @@ def test_first_use_of_a_customer_by_many_clients_at_once(
                     thread.join()
     assert len(granted) == 5 * clients
     assert [record.getMessage() for record in caplog.records] == []
+
+
+def test_long_paths_beyond_the_index_prefix_match_exactly(
+    manager: PathLockManager, locks: CustomerLocks
+) -> None:
+    # The index covers the first 700 characters; these share far more than that.
+    stem = "/" + "d" * 1500
+    longest = stem + "/" + "x" * (4000 - len(stem) - 1)
+    assert len(longest) == 4000
+    with locks.lock_paths(stem + "/a" * 100):
+        assert _other_owner(manager, locks.customer_id, "try", stem + "/b") is not None
+        assert _other_owner(manager, locks.customer_id, "try", longest) is not None
+        assert _other_owner(manager, locks.customer_id, "try", stem + "/a/a") is None
+        assert _other_owner(manager, locks.customer_id, "try", stem) is None
+    with locks.lock_paths(longest) as lease:
+        assert lease.paths == ((longest, "exclusive"),)
+        assert _other_owner(manager, locks.customer_id, "try", longest[:-1]) is not None
+        assert _other_owner(manager, locks.customer_id, "try", stem) is None
