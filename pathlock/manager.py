@@ -32,7 +32,8 @@ from pathlock.errors import (
 from pathlock.lease import Lease
 from pathlock.paths import normalize_request
 from pathlock.schema import metadata
-from pathlock.store import MAX_BLOCKERS, Blocked, GrantRequest, Store, check_dialect
+from pathlock.statements import MAX_BLOCKERS
+from pathlock.store import Blocked, GrantRequest, Store, check_dialect
 from pathlock.types import LockInfo, Owner
 from pathlock.waiting import LocalWakeups, ReverseExponentialBackoff, WaitPolicy
 

@@ -1,4 +1,5 @@
-"""All SQL of pathlock: one operation is one short transaction.
+"""Where pathlock talks to the database: one operation is one short transaction
+(the statements themselves are built in :mod:`pathlock.statements`).
 
 The acquire attempt follows the design page:
 
@@ -21,43 +22,38 @@ they share.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
     Connection,
     Engine,
-    Insert,
-    Integer,
     Row,
-    Select,
-    String,
-    and_,
-    bindparam,
-    delete,
-    exists,
-    func,
-    insert,
-    literal_column,
-    or_,
     select,
-    union_all,
-    update,
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from pathlock.errors import BackendError, InvalidArgument
-from pathlock.paths import LIKE_ESCAPE, ancestors, descendants_pattern
-from pathlock.schema import customer_locks, path_locks
-from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode
+from pathlock.schema import path_locks
+from pathlock.statements import (
+    BUMP,
+    CREATE_SENTINEL,
+    LANDED,
+    LOCK_COLUMNS,
+    RELEASE,
+    RELEASE_OWNER,
+    blockers_query,
+    conflict_parameters,
+    grant_statement,
+    now,
+    shape,
+)
+from pathlock.types import LockInfo, Mode, Owner, PathMode
 
 log = logging.getLogger(__name__)
 
@@ -79,24 +75,6 @@ TRANSIENT_ERRORS = frozenset(
         2014,  # commands out of sync (a broken connection)
         4031,  # disconnected by the server for inactivity (MySQL 8)
     }
-)
-
-# How many conflicting rows one attempt reads back, for the caller's error
-# message and the own-owner check. The conflict itself needs only one row.
-MAX_BLOCKERS = 20
-
-_LOCK_COLUMNS = (
-    path_locks.c.customer_id,
-    path_locks.c.path,
-    path_locks.c.mode,
-    path_locks.c.lease_id,
-    path_locks.c.node_id,
-    path_locks.c.pid,
-    path_locks.c.thread,
-    path_locks.c.reason,
-    path_locks.c.fencing_token,
-    path_locks.c.created_at,
-    path_locks.c.expires_at,
 )
 
 
@@ -125,14 +103,6 @@ class Blocked:
     blockers: tuple[LockInfo, ...]
 
 
-def _now() -> ColumnElement[datetime]:
-    return func.utc_timestamp(6)
-
-
-def _now_plus(microseconds: ColumnElement[int]) -> ColumnElement[datetime]:
-    return func.timestampadd(literal_column("MICROSECOND"), microseconds, _now())
-
-
 def _as_utc(value: datetime) -> datetime:
     # DATETIME columns come back naive; they hold UTC by construction.
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
@@ -153,103 +123,8 @@ def _lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
     )
 
 
-def _overlapping(group: str, count: int) -> ColumnElement[bool]:
-    """Rows on any of ``count`` paths of one mode, their ancestors (the
-    expanding list ``{group}_exact``) or their descendants (``{group}_like_N``)."""
-    clauses: list[ColumnElement[bool]] = [
-        path_locks.c.path.in_(bindparam(f"{group}_exact", expanding=True))
-    ]
-    clauses.extend(
-        path_locks.c.path.like(bindparam(f"{group}_like_{n}"), escape=LIKE_ESCAPE)
-        for n in range(count)
-    )
-    return or_(*clauses)
-
-
-def _conflict_condition(exclusive: int, shared: int) -> ColumnElement[bool]:
-    """Rows that conflict with a request of ``exclusive`` + ``shared`` paths:
-    any mode overlapping its exclusive paths, exclusive rows overlapping its
-    shared ones. Live rows of the customer only."""
-    clauses = []
-    if exclusive:
-        clauses.append(_overlapping("x", exclusive))
-    if shared:
-        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, _overlapping("s", shared)))
-    return and_(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.expires_at > _now(),
-        or_(*clauses),
-    )
-
-
-def _conflict_parameters(paths: Sequence[PathMode]) -> dict[str, Any]:
-    parameters: dict[str, Any] = {}
-    for group, wanted in (("x", True), ("s", False)):
-        chosen = [path for path, mode in paths if (mode == EXCLUSIVE) == wanted]
-        exact = set(chosen)
-        for path in chosen:
-            exact.update(ancestors(path))
-        parameters[f"{group}_exact"] = sorted(exact)
-        for n, path in enumerate(chosen):
-            parameters[f"{group}_like_{n}"] = descendants_pattern(path)
-    return parameters
-
-
-def _shape(paths: Sequence[PathMode]) -> tuple[int, int]:
-    exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
-    return exclusive, len(paths) - exclusive
-
-
-@functools.lru_cache(maxsize=128)
-def _blockers_query(exclusive: int, shared: int) -> Select[Any]:
-    return select(*_LOCK_COLUMNS).where(_conflict_condition(exclusive, shared)).limit(MAX_BLOCKERS)
-
-
-@functools.lru_cache(maxsize=128)
-def _grant_statement(exclusive: int, shared: int) -> Insert:
-    """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
-    WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
-    trip. Built once per request shape; the paths are bind parameters."""
-    requested = union_all(
-        *(
-            select(
-                bindparam(f"rq_path_{n}", type_=String).label("path"),
-                bindparam(f"rq_mode_{n}", type_=String).label("mode"),
-            )
-            for n in range(exclusive + shared)
-        )
-    ).subquery("requested")
-    values = select(
-        bindparam("c_id", type_=BigInteger),
-        bindparam("l_id", type_=String),
-        requested.c.path,
-        requested.c.mode,
-        bindparam("o_node", type_=String),
-        bindparam("o_pid", type_=Integer),
-        bindparam("o_thread", type_=String),
-        bindparam("why", type_=String),
-        bindparam("token", type_=BigInteger),
-        _now(),
-        _now_plus(bindparam("ttl_us", type_=BigInteger)),
-    ).where(~exists().where(_conflict_condition(exclusive, shared)))
-    columns = [
-        "customer_id",
-        "lease_id",
-        "path",
-        "mode",
-        "node_id",
-        "pid",
-        "thread",
-        "reason",
-        "fencing_token",
-        "created_at",
-        "expires_at",
-    ]
-    return insert(path_locks).from_select(columns, values)
-
-
 def _grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
-    parameters = _conflict_parameters(request.paths)
+    parameters = conflict_parameters(request.paths)
     for n, (path, mode) in enumerate(request.paths):
         parameters[f"rq_path_{n}"] = path
         parameters[f"rq_mode_{n}"] = mode
@@ -264,33 +139,6 @@ def _grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
         ttl_us=round(request.ttl * 1_000_000),
     )
     return parameters
-
-
-# The fixed statements, built once.
-_BUMP = (
-    update(customer_locks)
-    .where(customer_locks.c.customer_id == bindparam("c_id"))
-    # LAST_INSERT_ID(expr) hands the new value back in the statement's own
-    # reply, saving a SELECT on the hot path.
-    .values(version=func.last_insert_id(customer_locks.c.version + 1))
-)
-# IGNORE: a concurrent first use may insert the row too.
-_CREATE_SENTINEL = (
-    insert(customer_locks).prefix_with("IGNORE").values(customer_id=bindparam("c_id"), version=0)
-)
-_LANDED = (
-    select(path_locks.c.fencing_token).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
-)
-_RELEASE = delete(path_locks).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.lease_id == bindparam("l_id"),
-)
-_RELEASE_OWNER = delete(path_locks).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.node_id == bindparam("o_node"),
-    path_locks.c.pid == bindparam("o_pid"),
-    path_locks.c.thread == bindparam("o_thread"),
-)
 
 
 def check_dialect(name: str) -> None:
@@ -363,16 +211,16 @@ class Store:
     def _bump(connection: Connection, customer_id: int) -> int:
         """Write the customer's sentinel row and return its new version."""
         parameters = {"c_id": customer_id}
-        result = connection.execute(_BUMP, parameters)
+        result = connection.execute(BUMP, parameters)
         if result.rowcount == 0:
             # First use of this customer: create the row in a transaction of
             # its own. Inserting and then updating it in one transaction
             # deadlocks when several clients start at once (each waits on the
             # others' shared lock on the new key). Nothing is held yet here.
             connection.rollback()
-            connection.execute(_CREATE_SENTINEL, parameters)
+            connection.execute(CREATE_SENTINEL, parameters)
             connection.commit()
-            result = connection.execute(_BUMP, parameters)
+            result = connection.execute(BUMP, parameters)
         token = result.lastrowid
         if not token:
             raise BackendError(
@@ -385,7 +233,7 @@ class Store:
 
     def try_grant(self, request: GrantRequest) -> Granted | Blocked:
         """One attempt to grant every path of ``request`` at once."""
-        shape = _shape(request.paths)
+        request_shape = shape(request.paths)
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked:
             token = self._bump(connection, request.customer_id)
@@ -393,7 +241,7 @@ class Store:
                 # The previous attempt may have failed after its COMMIT landed
                 # (connection lost during COMMIT): then our rows exist, and
                 # granting again would block on ourselves or insert twice.
-                landed = connection.execute(_LANDED, {"l_id": request.lease_id}).scalar()
+                landed = connection.execute(LANDED, {"l_id": request.lease_id}).scalar()
                 if landed is not None:
                     connection.rollback()
                     return Granted(int(landed))
@@ -401,7 +249,7 @@ class Store:
             # conflicting row exists (the subquery is one consistent read, so
             # it is all rows or none).
             inserted = connection.execute(
-                _grant_statement(*shape), _grant_parameters(request, token)
+                grant_statement(*request_shape), _grant_parameters(request, token)
             ).rowcount
             if inserted == len(request.paths):
                 connection.commit()
@@ -415,9 +263,9 @@ class Store:
             # Denied: read who is in the way while still holding the sentinel,
             # so the picture is the one that denied us (for the caller's error
             # and the own-owner check).
-            parameters = _conflict_parameters(request.paths)
+            parameters = conflict_parameters(request.paths)
             parameters["c_id"] = request.customer_id
-            blockers = connection.execute(_blockers_query(*shape), parameters).all()
+            blockers = connection.execute(blockers_query(*request_shape), parameters).all()
             connection.rollback()
             return Blocked(tuple(_lock_info(row) for row in blockers))
 
@@ -429,7 +277,7 @@ class Store:
         def attempt(connection: Connection, _number: int) -> int:
             self._bump(connection, customer_id)
             parameters = {"c_id": customer_id, "l_id": lease_id}
-            deleted = connection.execute(_RELEASE, parameters).rowcount
+            deleted = connection.execute(RELEASE, parameters).rowcount
             connection.commit()
             return deleted
 
@@ -446,7 +294,7 @@ class Store:
                 "o_pid": owner.pid,
                 "o_thread": owner.thread,
             }
-            deleted = connection.execute(_RELEASE_OWNER, parameters).rowcount
+            deleted = connection.execute(RELEASE_OWNER, parameters).rowcount
             connection.commit()
             return deleted
 
@@ -454,13 +302,13 @@ class Store:
 
     def list_locks(self, customer_id: int | None, *, include_expired: bool) -> list[LockInfo]:
         """Rows of one customer (or all), by customer and path."""
-        query = select(*_LOCK_COLUMNS).order_by(
+        query = select(*LOCK_COLUMNS).order_by(
             path_locks.c.customer_id, path_locks.c.path, path_locks.c.lease_id
         )
         if customer_id is not None:
             query = query.where(path_locks.c.customer_id == customer_id)
         if not include_expired:
-            query = query.where(path_locks.c.expires_at > _now())
+            query = query.where(path_locks.c.expires_at > now())
 
         def attempt(connection: Connection, _number: int) -> list[LockInfo]:
             rows = connection.execute(query).all()
