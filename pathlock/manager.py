@@ -29,7 +29,8 @@ from pathlock.errors import (
     LockTimeout,
     PathLockError,
 )
-from pathlock.lease import Lease
+from pathlock.heartbeat import Heartbeat
+from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
 from pathlock.schema import metadata
 from pathlock.statements import MAX_BLOCKERS
@@ -83,14 +84,20 @@ class PathLockManager:
 
     - ``node_id``: this app server's name, stored with every lock for operators
       and node clean-up; default: the host name.
-    - ``ttl``: default lease duration in seconds (30). A lease that outlives its
-      ttl stops protecting its paths; renew it or pick a ttl longer than the work.
+    - ``ttl``: default lease duration in seconds (30): how long the paths of a
+      crashed holder stay locked. Held leases are renewed (``heartbeat``).
     - ``case_insensitive``: case-fold paths, for file systems that ignore case.
     - ``backoff``: the wait policy of blocked requests (default: the seed's
       :class:`ReverseExponentialBackoff`).
     - ``max_attempts``: how often one transaction is tried on transient database
       errors (deadlock, lock-wait timeout, lost connection) before
       :class:`BackendError`.
+    - ``heartbeat``: renew held leases from a background thread (default); a
+      lease is renewed a third of its ttl after its grant or last renewal, and
+      declared lost (``on_lost``, :attr:`Lease.lost`) when it is found gone or
+      could not be renewed until shortly before it may have expired.
+    - ``on_lost``: called with the :class:`Lease` when any lease of this manager
+      is lost, from the heartbeat's thread.
     - ``engine_options``: extra keyword arguments for ``create_engine``.
     """
 
@@ -104,6 +111,8 @@ class PathLockManager:
         case_insensitive: bool = False,
         backoff: WaitPolicy | None = None,
         max_attempts: int = 5,
+        heartbeat: bool = True,
+        on_lost: LostCallback | None = None,
         engine_options: dict[str, Any] | None = None,
     ) -> None:
         self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
@@ -126,6 +135,14 @@ class PathLockManager:
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._closed = False
+        self._on_lost = () if on_lost is None else (on_lost,)
+        self._heartbeat = (
+            Heartbeat(
+                self._live_leases, self._renew_leases, name=f"pathlock-heartbeat-{self.node_id}"
+            )
+            if heartbeat
+            else None
+        )
 
     # -- public API ---------------------------------------------------------------
 
@@ -159,6 +176,8 @@ class PathLockManager:
         if self._closed:
             return
         self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         with self._leases_lock:
             leases = list(self._leases.values())
         for lease in leases:
@@ -200,6 +219,7 @@ class PathLockManager:
         reason: object,
         ttl: object,
         blocking: bool,
+        on_lost: LostCallback | None,
     ) -> Lease | None:
         paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
         wait_limit = validation.timeout(timeout) if blocking else 0.0
@@ -211,6 +231,7 @@ class PathLockManager:
             reason=validation.reason(reason),
             ttl=self.ttl if ttl is None else validation.ttl(ttl),
         )
+        callbacks = () if on_lost is None else (on_lost,)
         self._check_open()
         deadline = None if wait_limit is None else time.monotonic() + wait_limit
         delays = self.backoff.start()
@@ -219,7 +240,7 @@ class PathLockManager:
                 started = time.monotonic()
                 outcome = self._store.try_grant(request)
                 if not isinstance(outcome, Blocked):
-                    return self._register(request, outcome.fencing_token, started)
+                    return self._register(request, outcome.fencing_token, started, callbacks)
                 if not blocking:
                     return None
                 blockers = outcome.blockers
@@ -234,7 +255,42 @@ class PathLockManager:
                 delay = delays.next()
                 watch.wait(delay if remaining is None else min(delay, remaining))
 
-    def _register(self, request: GrantRequest, token: int, started: float) -> Lease:
+    def _live_leases(self) -> list[Lease]:
+        with self._leases_lock:
+            return list(self._leases.values())
+
+    def _renew_leases(self, leases: list[Lease]) -> None:
+        """Renew ``leases`` (one transaction per distinct ttl); mark the ones
+        found gone as lost. Raises :class:`BackendError` if the database
+        cannot be reached."""
+        by_ttl: dict[float, list[Lease]] = {}
+        for lease in leases:
+            by_ttl.setdefault(lease.ttl, []).append(lease)
+        for ttl, group in by_ttl.items():
+            started = time.monotonic()
+            held = self._store.renew(
+                {lease.customer_id for lease in group},
+                [(lease.lease_id, len(lease.paths)) for lease in group],
+                ttl,
+            )
+            for lease in group:
+                if lease.lease_id in held:
+                    lease._extend(started)
+                else:
+                    lease._mark_lost(
+                        "its rows were gone when it was renewed (expired, reaped, "
+                        "or deleted by an operator)"
+                    )
+        if self._heartbeat is not None:
+            self._heartbeat.wake()
+
+    def _register(
+        self,
+        request: GrantRequest,
+        token: int,
+        started: float,
+        on_lost: tuple[LostCallback, ...],
+    ) -> Lease:
         lease = Lease(
             self,
             customer_id=request.customer_id,
@@ -245,9 +301,12 @@ class PathLockManager:
             reason=request.reason,
             ttl=request.ttl,
             attempt_started=started,
+            on_lost=(*on_lost, *self._on_lost),
         )
         with self._leases_lock:
             self._leases[lease.lease_id] = lease
+        if self._heartbeat is not None:
+            self._heartbeat.wake()
         return lease
 
     def _release(self, lease: Lease) -> int:
@@ -288,6 +347,7 @@ class CustomerLocks:
         timeout: float | None = None,
         reason: str = "",
         ttl: float | None = None,
+        on_lost: LostCallback | None = None,
     ) -> Lease:
         """Lock every path at once, all or nothing, waiting while any conflicts.
 
@@ -298,7 +358,7 @@ class CustomerLocks:
         :class:`LockTimeout` names the holders that blocked the last attempt. A
         request blocked only by locks of its own owner (this node, process and
         thread) raises :class:`DeadlockDetected` at once. ``ttl`` overrides the
-        manager's lease duration.
+        manager's lease duration; ``on_lost`` is called if this lease is lost.
         """
         lease = self.manager._acquire(
             self.customer_id,
@@ -308,6 +368,7 @@ class CustomerLocks:
             reason=reason,
             ttl=ttl,
             blocking=True,
+            on_lost=on_lost,
         )
         if lease is None:  # pragma: no cover - a blocking acquire returns or raises
             raise AssertionError("blocking acquire returned no lease")
@@ -319,6 +380,7 @@ class CustomerLocks:
         shared: Iterable[str] = (),
         reason: str = "",
         ttl: float | None = None,
+        on_lost: LostCallback | None = None,
     ) -> Lease | None:
         """One attempt: a :class:`Lease`, or ``None`` if anything conflicts."""
         return self.manager._acquire(
@@ -329,6 +391,7 @@ class CustomerLocks:
             reason=reason,
             ttl=ttl,
             blocking=False,
+            on_lost=on_lost,
         )
 
     def release_locks(self) -> int:

@@ -187,3 +187,30 @@ RELEASE_OWNER = delete(path_locks).where(
     path_locks.c.pid == bindparam("o_pid"),
     path_locks.c.thread == bindparam("o_thread"),
 )
+
+# Renewal: the sentinels first (in key order, as one statement), so no grant of
+# these customers runs between the renewal's check of expires_at and its commit:
+# a renewal that saw a lease alive must not commit after a grant that saw it
+# expired (the row would come back to life under someone else's lock).
+LOCK_SENTINELS = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
+    .values(version=customer_locks.c.version + 1)
+)
+# Never resurrects: a row whose expiry already passed stays expired.
+RENEW = (
+    update(path_locks)
+    .where(
+        path_locks.c.lease_id.in_(bindparam("l_ids", expanding=True)),
+        path_locks.c.expires_at > now(),
+    )
+    .values(expires_at=now_plus(bindparam("ttl_us", type_=BigInteger)))
+)
+HELD = (
+    select(path_locks.c.lease_id)
+    .where(
+        path_locks.c.lease_id.in_(bindparam("l_ids", expanding=True)),
+        path_locks.c.expires_at > now(),
+    )
+    .distinct()
+)

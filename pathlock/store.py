@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -43,10 +43,13 @@ from pathlock.schema import path_locks
 from pathlock.statements import (
     BUMP,
     CREATE_SENTINEL,
+    HELD,
     LANDED,
     LOCK_COLUMNS,
+    LOCK_SENTINELS,
     RELEASE,
     RELEASE_OWNER,
+    RENEW,
     blockers_query,
     conflict_parameters,
     grant_statement,
@@ -299,6 +302,29 @@ class Store:
             return deleted
 
         return self._run("releasing an owner's locks", attempt)
+
+    def renew(
+        self, customer_ids: Iterable[int], leases: Sequence[tuple[str, int]], ttl: float
+    ) -> set[str]:
+        """Extend ``leases`` ((lease id, row count) pairs) to expire ``ttl``
+        seconds from now, database time; return the ids still held. A lease
+        whose rows expired or were deleted is not renewed and not returned."""
+        lease_ids = [lease_id for lease_id, _ in leases]
+        expected = sum(rows for _, rows in leases)
+
+        def attempt(connection: Connection, _number: int) -> set[str]:
+            connection.execute(LOCK_SENTINELS, {"c_ids": sorted(set(customer_ids))})
+            renewed = connection.execute(
+                RENEW, {"l_ids": lease_ids, "ttl_us": round(ttl * 1_000_000)}
+            ).rowcount
+            if renewed == expected:
+                held = set(lease_ids)
+            else:  # some lease is gone: find out which
+                held = set(connection.execute(HELD, {"l_ids": lease_ids}).scalars())
+            connection.commit()
+            return held
+
+        return self._run("renewing leases", attempt)
 
     def list_locks(self, customer_id: int | None, *, include_expired: bool) -> list[LockInfo]:
         """Rows of one customer (or all), by customer and path."""

@@ -318,18 +318,20 @@ def test_release_locks_releases_only_this_owner(locks: CustomerLocks, raw_engine
     assert locks.release_locks() == 0
 
 
-def test_expired_rows_never_block(manager: PathLockManager, locks: CustomerLocks) -> None:
-    lease = locks.lock_paths("/short", ttl=0.2)
-    assert manager.list_locks(locks.customer_id)[0].path == "/short"
-    time.sleep(0.3)
-    assert lease.lost
-    with pytest.raises(LeaseLost):
-        lease.ensure_held()
-    # The row is still there until the reaper runs, but it blocks no one.
-    assert manager.list_locks(locks.customer_id) == []
-    assert len(manager.list_locks(locks.customer_id, include_expired=True)) == 1
-    got = _other_owner(manager, locks.customer_id, "try", "/short/x")
-    assert got is not None
+def test_expired_rows_never_block(database_url: str, customer_id: int) -> None:
+    with PathLockManager(database_url, heartbeat=False) as manager:  # nothing renews
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/short", ttl=0.2)
+        assert manager.list_locks(customer_id)[0].path == "/short"
+        time.sleep(0.3)
+        assert lease.lost
+        with pytest.raises(LeaseLost):
+            lease.ensure_held()
+        # The row is still there until the reaper runs, but it blocks no one.
+        assert manager.list_locks(customer_id) == []
+        assert len(manager.list_locks(customer_id, include_expired=True)) == 1
+        got = _other_owner(manager, customer_id, "try", "/short/x")
+        assert got is not None
 
 
 def test_list_locks_reports_owner_and_times(manager: PathLockManager, locks: CustomerLocks) -> None:

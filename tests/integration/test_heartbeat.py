@@ -1,0 +1,224 @@
+"""Leases stay alive while held, and say so when they are not."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, make_url, text
+
+from pathlock import CustomerLocks, Lease, LeaseLost, PathLockManager
+
+
+def _delete_rows(engine: Engine, lease: Lease) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            text("DELETE FROM path_locks WHERE lease_id = :l"), {"l": lease.lease_id}
+        )
+
+
+def _expires_in(engine: Engine, lease: Lease) -> float:
+    """Seconds until the lease's rows expire, by the database's clock."""
+    with engine.connect() as connection:
+        return float(
+            connection.execute(
+                text(
+                    "SELECT MIN(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)) / 1e6 "
+                    "FROM path_locks WHERE lease_id = :l"
+                ),
+                {"l": lease.lease_id},
+            ).scalar_one()
+        )
+
+
+def test_renewal_keeps_a_lease_alive_past_several_ttls(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    with PathLockManager(database_url, ttl=1.0) as manager:
+        locks = manager.for_customer(customer_id)
+        with locks.lock_paths("/long/job") as lease:
+            time.sleep(3.5)
+            lease.ensure_held()
+            assert not lease.lost
+            assert _expires_in(raw_engine, lease) > 0
+            other = _in_thread(lambda: locks.try_lock_paths("/long"))
+            assert other is None
+
+
+def test_lease_deleted_behind_its_back_is_reported_lost(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    lost: list[Lease] = []
+    told = threading.Event()
+
+    def on_lost(lease: Lease) -> None:
+        lost.append(lease)
+        told.set()
+
+    manager_told: list[Lease] = []
+    with PathLockManager(database_url, ttl=1.5, on_lost=manager_told.append) as manager:
+        locks = manager.for_customer(customer_id)
+        held: list[Lease] = []
+
+        def hold() -> None:
+            with locks.lock_paths("/doomed", on_lost=on_lost) as lease:
+                held.append(lease)
+                _delete_rows(raw_engine, lease)
+                assert told.wait(10), "the heartbeat should notice within a renewal period"
+                assert lease.lost
+                with pytest.raises(LeaseLost):
+                    lease.ensure_held()
+
+        with pytest.raises(LeaseLost, match="gone"):  # leaving the block says so
+            hold()
+        (lease,) = held
+        assert lost == [lease]
+        assert manager_told == [lease]
+
+
+def test_a_block_that_raised_keeps_its_own_error(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    with PathLockManager(database_url, ttl=30) as manager:
+        locks = manager.for_customer(customer_id)
+
+        def fail_while_holding() -> None:
+            with locks.lock_paths("/x") as lease:
+                _delete_rows(raw_engine, lease)
+                with pytest.raises(LeaseLost):
+                    lease.renew()
+                raise KeyError("the block's own failure")
+
+        with pytest.raises(KeyError):
+            fail_while_holding()
+
+
+def test_explicit_renew_extends_and_never_resurrects(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    with PathLockManager(database_url, ttl=30, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a", ttl=2)
+        time.sleep(0.5)
+        lease.renew()
+        assert _expires_in(raw_engine, lease) > 1.8
+        lease.release()
+
+        short = locks.lock_paths("/b", ttl=0.3)
+        time.sleep(0.5)
+        with pytest.raises(LeaseLost):
+            short.renew()
+        # The expired row was not extended: someone else may hold /b by now.
+        assert _expires_in(raw_engine, short) < 0
+
+
+class _Proxy:
+    """A TCP proxy on loopback that can cut every connection at once, like a
+    network partition between one app server and the database."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    continue
+                upstream = socket.create_connection(self._target)
+                self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            self._listener.close()
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+
+@pytest.fixture
+def proxy(database_url: str) -> Iterator[_Proxy]:
+    url = make_url(database_url)
+    proxy = _Proxy((url.host or "127.0.0.1", url.port or 3306))
+    yield proxy
+    proxy.cut()
+
+
+def test_unreachable_database_loses_the_lease_before_anyone_else_gets_it(
+    database_url: str, customer_id: int, proxy: _Proxy
+) -> None:
+    through_proxy = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
+    lost_at: list[float] = []
+    holder = PathLockManager(
+        through_proxy,
+        ttl=2.0,
+        node_id="partitioned",
+        max_attempts=2,
+        on_lost=lambda _lease: lost_at.append(time.monotonic()),
+    )
+    with PathLockManager(database_url, ttl=2.0, node_id="healthy") as other:
+        lease = holder.for_customer(customer_id).lock_paths("/contested")
+        proxy.cut()
+        locks = other.for_customer(customer_id)
+        deadline = time.monotonic() + 20
+        granted = None
+        while granted is None and time.monotonic() < deadline:
+            granted = locks.try_lock_paths("/contested")
+            if granted is None:
+                time.sleep(0.01)
+        granted_at = time.monotonic()
+        assert granted is not None, "the partitioned holder's lease should expire"
+        granted.release()
+    assert lost_at, "the holder was never told"
+    assert lost_at[0] < granted_at, "the holder must hear of the loss before anyone is granted"
+    assert lease.lost
+    with pytest.raises(LeaseLost, match="not renewed"):
+        lease.ensure_held()
+    holder.close()
+
+
+def _in_thread(function: object) -> object:
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(function()))  # type: ignore[operator]
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_close_stops_the_heartbeat(database_url: str, locks: CustomerLocks) -> None:
+    manager = PathLockManager(database_url, ttl=1.0)
+    manager.for_customer(locks.customer_id).lock_paths("/x")
+    names = {thread.name for thread in threading.enumerate()}
+    assert any(name.startswith("pathlock-heartbeat") for name in names)
+    manager.close()
+    time.sleep(0.1)
+    assert not any(
+        thread.name.startswith("pathlock-heartbeat") and thread.is_alive()
+        for thread in threading.enumerate()
+        if thread.name.endswith(manager.node_id)
+    )
