@@ -251,9 +251,8 @@ class Store:
             # Check and insert in one statement: the rows go in only if no live
             # conflicting row exists (the subquery is one consistent read, so
             # it is all rows or none).
-            inserted = connection.execute(
-                grant_statement(*request_shape), _grant_parameters(request, token)
-            ).rowcount
+            parameters = _grant_parameters(request, token)
+            inserted = connection.execute(grant_statement(*request_shape), parameters).rowcount
             if inserted == len(request.paths):
                 connection.commit()
                 return Granted(token)
@@ -266,8 +265,7 @@ class Store:
             # Denied: read who is in the way while still holding the sentinel,
             # so the picture is the one that denied us (for the caller's error
             # and the own-owner check).
-            parameters = conflict_parameters(request.paths)
-            parameters["c_id"] = request.customer_id
+            # The grant's parameters hold the conflict query's (and more).
             blockers = connection.execute(blockers_query(*request_shape), parameters).all()
             connection.rollback()
             return Blocked(tuple(_lock_info(row) for row in blockers))
