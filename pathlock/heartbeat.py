@@ -42,6 +42,10 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._in_flight: threading.Thread | None = None
         self._stopping = False
+        # Set by wake() and by a finished renewal: the leases changed since the
+        # thread last looked, so it must look again before sleeping (a notify
+        # that arrives while it is computing would otherwise be lost).
+        self._changed = False
 
     def wake(self) -> None:
         """A lease was added or changed: start the thread, or recompute its sleep."""
@@ -51,6 +55,7 @@ class Heartbeat:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+            self._changed = True
             self._condition.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -67,20 +72,21 @@ class Heartbeat:
             with self._condition:
                 if self._stopping:
                     return
+                self._changed = False
             now = time.monotonic()
             live = [lease for lease in self._leases() if not lease.released]
             self._declare_lost(live, now)
-            live = [lease for lease in live if lease._lost_reason is None]
+            live = [lease for lease in live if not lease.lost]
             due = [lease for lease in live if lease.renew_due <= now]
             if due:
                 self._start_renewal(due)
-            wake_at = min(
-                (min(lease.renew_due, lease._deadline - lease.margin) for lease in live),
-                default=None,
-            )
+            # renew_due always comes before lost_at; both matter after a failed round.
+            wake_at = min((min(lease.renew_due, lease.lost_at) for lease in live), default=None)
             with self._condition:
                 if self._stopping:
                     return
+                if self._changed:
+                    continue
                 timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
                 # A lease due while its renewal is in flight must not spin.
                 if timeout is not None and self._in_flight is not None:
@@ -90,8 +96,8 @@ class Heartbeat:
     @staticmethod
     def _declare_lost(leases: list[Lease], now: float) -> None:
         for lease in leases:
-            if lease._lost_reason is None and now >= lease._deadline - lease.margin:
-                lease._mark_lost(
+            if now >= lease.lost_at:
+                lease._mark_lost(  # once: later calls do nothing
                     f"not renewed for {lease.ttl - lease.margin:.1f} s (database unreachable?); "
                     f"it may have expired, so it counts as lost"
                 )
@@ -120,4 +126,5 @@ class Heartbeat:
         finally:
             with self._condition:
                 self._in_flight = None
+                self._changed = True
                 self._condition.notify()

@@ -88,6 +88,8 @@ class Lease:
         deadline is never later than the real one."""
         self._deadline = started + self.ttl
         self.renew_due = started + self.ttl / 3
+        self.lost_at = self._deadline - self.margin
+        """Monotonic time from which, unless renewed, the lease counts as lost."""
 
     @property
     def released(self) -> bool:
@@ -99,7 +101,7 @@ class Lease:
         """True when the lease is known or presumed to be no longer held, for a
         reason other than this process releasing it."""
         return self._lost_reason is not None or (
-            not self._released and time.monotonic() >= self._deadline - self.margin
+            not self._released and time.monotonic() >= self.lost_at
         )
 
     @property
@@ -116,12 +118,18 @@ class Lease:
         Call it before an action that must only happen under the lock. Expiry
         is judged on this process's monotonic clock, erring on the early side.
         """
+        reason = self._why_not_held()
+        if reason is not None:
+            raise LeaseLost(self.lease_id, reason)
+
+    def _why_not_held(self) -> str | None:
         if self._lost_reason is not None:
-            raise LeaseLost(self.lease_id, self._lost_reason)
+            return self._lost_reason
         if self._released:
-            raise LeaseLost(self.lease_id, "it was released")
-        if time.monotonic() >= self._deadline - self.margin:
-            raise LeaseLost(self.lease_id, f"it was not renewed within its ttl of {self.ttl:g} s")
+            return "it was released"
+        if time.monotonic() >= self.lost_at:
+            return f"it was not renewed within its ttl of {self.ttl:g} s"
+        return None
 
     def renew(self) -> None:
         """Renew now (the heartbeat does this on its own); raise
@@ -188,18 +196,12 @@ class Lease:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        lost = self.lost
+        lost = self._why_not_held() if self.lost else None
         self.release()
-        if lost and exc_type is None:
+        if lost is not None and exc_type is None:
             # The block ran (at least partly) without the lock: the caller must
             # hear of it. If the block raised, that error is the one to see.
-            self._raise_lost()
-
-    def _raise_lost(self) -> None:
-        raise LeaseLost(
-            self.lease_id,
-            self._lost_reason or f"it was not renewed within its ttl of {self.ttl:g} s",
-        )
+            raise LeaseLost(self.lease_id, lost)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"

@@ -281,8 +281,6 @@ class PathLockManager:
                         "its rows were gone when it was renewed (expired, reaped, "
                         "or deleted by an operator)"
                     )
-        if self._heartbeat is not None:
-            self._heartbeat.wake()
 
     def _register(
         self,
