@@ -1,6 +1,7 @@
 """Alembic environment for pathlock's tables.
 
-The database URL comes from, first to last: ``alembic -x url=...``, the
+The database comes from, first to last: a connection or URL handed over by
+:mod:`pathlock.migrate` (``config.attributes``), ``alembic -x url=...``, the
 environment variable ``PATHLOCK_DATABASE_URL``, ``sqlalchemy.url`` in the ini
 file. The revisions are recorded in their own version table,
 ``pathlock_alembic_version``, so these migrations can run against the same
@@ -40,7 +41,8 @@ if (
 
 def _database_url() -> str:
     url = (
-        context.get_x_argument(as_dictionary=True).get("url")
+        config.attributes.get("url")
+        or context.get_x_argument(as_dictionary=True).get("url")
         or os.environ.get(URL_ENV_VAR)
         or config.get_main_option("sqlalchemy.url")
     )
@@ -84,7 +86,15 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    """Run the migrations on a connection of their own."""
+    """Run the migrations on the connection handed over, else on one of their own."""
+    handed_over = config.attributes.get("connection")
+    if handed_over is not None:
+        # SQLite runs DDL in transactions: the whole upgrade is one, so
+        # processes that open a new database file at once upgrade it once.
+        _configure(connection=handed_over, transactional_ddl=handed_over.dialect.name == "sqlite")
+        with context.begin_transaction():
+            context.run_migrations()
+        return
     engine = create_engine(_database_url(), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:

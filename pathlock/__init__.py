@@ -19,7 +19,7 @@ from pathlock.errors import (
 )
 from pathlock.lease import Lease
 from pathlock.manager import CustomerLocks, PathLockManager
-from pathlock.types import LockInfo, Mode, Owner
+from pathlock.types import LockInfo, Mode, Owner, WaiterInfo
 from pathlock.waiting import ReverseExponentialBackoff, WaitPolicy
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "PathLockManager",
     "ReverseExponentialBackoff",
     "WaitPolicy",
+    "WaiterInfo",
 ]

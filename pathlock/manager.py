@@ -8,19 +8,22 @@ process's waiters of the same customer).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import URL, Engine, create_engine, make_url
+from sqlalchemy import URL, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import validation
+from pathlock.backends import open_engine, upgrade_sqlite_schema
 from pathlock.errors import (
     ArgumentTypeError,
     BackendError,
@@ -34,42 +37,18 @@ from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
 from pathlock.schema import metadata
 from pathlock.statements import MAX_BLOCKERS
-from pathlock.store import Blocked, GrantRequest, Store, check_dialect
-from pathlock.types import LockInfo, Owner
+from pathlock.store import Blocked, GrantRequest, Store
+from pathlock.types import LockInfo, Owner, WaiterInfo
 from pathlock.waiting import LocalWakeups, ReverseExponentialBackoff, WaitPolicy
+
+if TYPE_CHECKING:
+    from apscheduler.job import Job
+    from apscheduler.schedulers.base import BaseScheduler
 
 log = logging.getLogger(__name__)
 
-ISOLATION_LEVEL = "READ COMMITTED"
-
-
-def _engine_for(database: object, engine_options: dict[str, Any]) -> tuple[Engine, bool]:
-    """The engine to use and whether this manager created it (and disposes it)."""
-    if isinstance(database, Engine):
-        if engine_options:
-            raise ArgumentTypeError("engine_options only apply when pathlock creates the engine")
-        # The conflict check is only sound under READ COMMITTED (DESIGN.md).
-        # An engine created with that level sets it once per connection; any
-        # other engine gets it per checkout, which costs a round trip or two.
-        if getattr(database.dialect, "_on_connect_isolation_level", None) == ISOLATION_LEVEL:
-            return database, False
-        return database.execution_options(isolation_level=ISOLATION_LEVEL), False
-    if isinstance(database, (str, URL)):
-        options: dict[str, Any] = {"pool_recycle": 3600, **engine_options}
-        options["isolation_level"] = ISOLATION_LEVEL
-        try:
-            url = make_url(database)
-        except (SQLAlchemyError, ValueError) as error:
-            raise InvalidArgument(f"not a database URL: {error}") from error
-        check_dialect(url.get_backend_name())
-        try:
-            return create_engine(url, **options), True
-        except (SQLAlchemyError, ValueError, ImportError) as error:
-            raise BackendError("creating the database engine", error) from error
-    kind = type(database).__name__
-    raise ArgumentTypeError(
-        f"database must be a URL string, a sqlalchemy URL or an Engine, got {kind}"
-    )
+REAP_INTERVAL = 60.0
+REAP_BATCH_SIZE = 1000
 
 
 class PathLockManager:
@@ -78,7 +57,11 @@ class PathLockManager:
     ``database`` is a SQLAlchemy URL (``mysql+pymysql://user@host/db``), a
     :class:`sqlalchemy.URL` or an :class:`~sqlalchemy.Engine`. An engine passed
     in is used as it is (transactions run in READ COMMITTED) and is not disposed
-    by :meth:`close`; one created from a URL is.
+    by :meth:`close`; one created from a URL is. ``sqlite:///path/to/file``
+    selects the embedded backend for processes of one host (pathlock creates
+    and upgrades its tables; a SQLite engine passed in is reopened with
+    pathlock's settings). With no ``database``: ``$PATHLOCK_DATABASE_URL``, else
+    the embedded default file (see :mod:`pathlock.backends`).
 
     Options (keyword-only):
 
@@ -98,12 +81,17 @@ class PathLockManager:
       could not be renewed until shortly before it may have expired.
     - ``on_lost``: called with the :class:`Lease` when any lease of this manager
       is lost, from the heartbeat's thread.
+    - ``cleanup_on_start``: delete every lock and waiter row of ``node_id`` first:
+      what a crashed earlier run of this node left behind. It needs an explicit
+      ``node_id`` that no other running process uses (one per process, stable
+      across restarts, e.g. ``"web-1.worker-3"``); with the default node id,
+      shared by every process of the host, it is refused.
     - ``engine_options``: extra keyword arguments for ``create_engine``.
     """
 
     def __init__(
         self,
-        database: str | URL | Engine,
+        database: str | URL | Engine | None = None,
         /,
         *,
         node_id: str | None = None,
@@ -113,21 +101,34 @@ class PathLockManager:
         max_attempts: int = 5,
         heartbeat: bool = True,
         on_lost: LostCallback | None = None,
+        cleanup_on_start: bool = False,
         engine_options: dict[str, Any] | None = None,
     ) -> None:
+        if not isinstance(cleanup_on_start, bool):
+            raise ArgumentTypeError("cleanup_on_start must be a bool")
+        if cleanup_on_start and node_id is None:
+            # The default (the host name) is shared by every process on the
+            # host: cleaning up after it would delete the live locks of the
+            # other processes.
+            raise InvalidArgument(
+                "cleanup_on_start needs an explicit node_id that no other running "
+                "process uses (the default, the host name, is shared by all "
+                "processes on this host)"
+            )
         self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
         self.ttl = validation.ttl(ttl)
         if not isinstance(case_insensitive, bool):
             raise ArgumentTypeError("case_insensitive must be a bool")
         self.case_insensitive = case_insensitive
         self.backoff: WaitPolicy = ReverseExponentialBackoff() if backoff is None else backoff
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise ArgumentTypeError("max_attempts must be an int")
-        if max_attempts < 1:
-            raise InvalidArgument(f"max_attempts must be at least 1, got {max_attempts}")
-        self.engine, self._owns_engine = _engine_for(database, dict(engine_options or {}))
+        validation.positive_int("max_attempts", max_attempts)
+        self.engine, self._owns_engine = open_engine(database, dict(engine_options or {}))
         try:
+            if self.engine.dialect.name == "sqlite":
+                upgrade_sqlite_schema(self.engine)
             self._store = Store(self.engine, max_attempts=max_attempts)
+            if cleanup_on_start:
+                self._clean_up_node()
         except PathLockError:
             self._dispose()
             raise
@@ -135,6 +136,11 @@ class PathLockManager:
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._closed = False
+        # The reaper: a scheduler of our own (start_reaper), and the jobs added
+        # to applications' schedulers (add_reaper_job), removed on close().
+        self._reaper: BaseScheduler | None = None
+        self._reaper_jobs: list[tuple[BaseScheduler, str]] = []
+        self._reaper_lock = threading.Lock()
         self._on_lost = () if on_lost is None else (on_lost,)
         self._heartbeat = (
             Heartbeat(
@@ -170,12 +176,134 @@ class PathLockManager:
             customer_id = validation.customer_id(customer_id)
         return self._store.list_locks(customer_id, include_expired=include_expired)
 
+    def database_time(self) -> datetime:
+        """The database's clock (UTC), by which every lease expires: compare
+        :attr:`LockInfo.expires_at` with this, not with the local clock."""
+        self._check_open()
+        return self._store.database_time()
+
+    def list_waiters(self, customer_id: int | None = None) -> list[WaiterInfo]:
+        """Queued requests of one customer (or of all) that are still alive,
+        oldest first."""
+        if customer_id is not None:
+            customer_id = validation.customer_id(customer_id)
+        return self._store.list_waiters(customer_id)
+
+    def reap_expired(self, *, batch_size: int = REAP_BATCH_SIZE) -> int:
+        """Delete expired lock rows and dead waiter rows; return how many.
+
+        Expired rows already block nobody; deleting them keeps the table small.
+        Rows go in transactions of ``batch_size`` rows (never one long DELETE
+        that would stall acquirers), picked along the ``expires_at`` index and
+        judged by the database's clock. Any number of nodes may reap at once.
+        """
+        batch_size = validation.positive_int("batch_size", batch_size)
+        self._check_open()
+        started = time.monotonic()
+        locks, waiters = self._store.reap(batch_size)
+        if locks or waiters:
+            log.info(
+                "reaped %d expired lock rows and %d dead waiter rows in %.3f s",
+                locks,
+                waiters,
+                time.monotonic() - started,
+            )
+        return locks + waiters
+
+    def start_reaper(
+        self, interval: float = REAP_INTERVAL, *, batch_size: int = REAP_BATCH_SIZE
+    ) -> None:
+        """Run :meth:`reap_expired` every ``interval`` seconds (first run now)
+        on an APScheduler background scheduler that this manager owns and
+        shuts down in :meth:`close`."""
+        from apscheduler.schedulers.background import BackgroundScheduler  # noqa: PLC0415
+
+        with self._reaper_lock:
+            self._check_open()
+            if self._reaper is not None:
+                raise PathLockError("this manager's reaper is already running")
+            scheduler = BackgroundScheduler(daemon=True)
+            self.add_reaper_job(scheduler, interval=interval, batch_size=batch_size)
+            scheduler.start()
+            self._reaper = scheduler
+
+    def add_reaper_job(
+        self,
+        scheduler: BaseScheduler,
+        *,
+        interval: float = REAP_INTERVAL,
+        batch_size: int = REAP_BATCH_SIZE,
+        job_id: str = "pathlock-reaper",
+    ) -> Job:
+        """Add the reaper to an application's own APScheduler 3 scheduler: every
+        ``interval`` seconds (with 10 % jitter, so many nodes spread out; the
+        first run as soon as the scheduler runs), one run at a time, missed runs
+        coalesced. An existing job ``job_id`` is replaced. Failures are logged
+        as WARNINGs, never raised into the scheduler. :meth:`close` removes the
+        job. The job calls this manager, so it needs the scheduler's in-memory
+        job store (it cannot be pickled into a persistent one).
+        """
+        from apscheduler.triggers.interval import IntervalTrigger  # noqa: PLC0415
+
+        interval = validation.interval(interval)
+        batch_size = validation.positive_int("batch_size", batch_size)
+        if not isinstance(job_id, str) or not job_id:
+            raise ArgumentTypeError("job_id must be a non-empty str")
+        self._check_open()
+        job = scheduler.add_job(
+            self._reap_job,
+            IntervalTrigger(seconds=interval, jitter=interval / 10),
+            kwargs={"batch_size": batch_size},
+            id=job_id,
+            name=f"pathlock reaper ({self.node_id})",
+            replace_existing=True,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+            next_run_time=datetime.now(UTC),
+        )
+        with self._reaper_lock:
+            self._reaper_jobs.append((scheduler, job_id))
+        return job
+
+    def release_lease(self, lease_id: str) -> int:
+        """Delete the rows of any lease, by its id: the operator's escape hatch
+        for a holder that hangs. Returns the number of paths released (0 if the
+        lease does not exist). Logged as a WARNING. The holder finds out at its
+        next renewal (its lease is lost) and must not rely on the lock after."""
+        lease_id = validation.lease_id(lease_id)
+        self._check_open()
+        customer_id = self._store.lease_customer(lease_id)
+        if customer_id is None:
+            log.warning("release of lease %s requested: no such lease", lease_id)
+            return 0
+        try:
+            deleted = self._store.release(customer_id, lease_id)
+        finally:
+            self._wakeups.notify(customer_id)
+        log.warning(
+            "released lease %s of customer %d (%d paths) on request", lease_id, customer_id, deleted
+        )
+        return deleted
+
+    def release_node(self, node_id: str) -> int:
+        """Delete every lock and waiter row of ``node_id``: clean-up after a
+        node that died. Returns the number of paths released; logged as a
+        WARNING. Live holders on that node lose their leases."""
+        node_id = validation.node_id(node_id)
+        self._check_open()
+        deleted = self._store.release_node(node_id)
+        log.warning("released %d paths of node %r on request", deleted, node_id)
+        return deleted
+
     def close(self) -> None:
-        """Release every lease this manager still holds and dispose the engine
-        if the manager created it. Idempotent."""
+        """Stop the heartbeat and the reaper, release every lease this manager
+        still holds, and dispose the engine if the manager created it.
+        Idempotent; nothing of the manager is left running afterwards."""
         if self._closed:
             return
         self._closed = True
+        self._stop_reaper()
         if self._heartbeat is not None:
             self._heartbeat.stop()
         with self._leases_lock:
@@ -200,6 +328,35 @@ class PathLockManager:
         return f"<PathLockManager {url} node_id={self.node_id!r}>"
 
     # -- internals used by CustomerLocks and Lease -------------------------------
+
+    def _clean_up_node(self) -> None:
+        deleted = self._store.release_node(self.node_id)
+        if deleted:
+            log.warning(
+                "cleanup_on_start: deleted %d locked paths left by an earlier run of node %r",
+                deleted,
+                self.node_id,
+            )
+
+    def _reap_job(self, batch_size: int) -> None:
+        try:
+            self.reap_expired(batch_size=batch_size)
+        except PathLockError as error:
+            log.warning("reaper run failed (the next run will try again): %s", error)
+
+    def _stop_reaper(self) -> None:
+        from apscheduler.jobstores.base import JobLookupError  # noqa: PLC0415
+
+        with self._reaper_lock:
+            scheduler, self._reaper = self._reaper, None
+            jobs, self._reaper_jobs = self._reaper_jobs, []
+        for foreign, job_id in jobs:
+            if foreign is scheduler:
+                continue
+            with contextlib.suppress(JobLookupError):  # the application removed it
+                foreign.remove_job(job_id)
+        if scheduler is not None:
+            scheduler.shutdown(wait=True)
 
     def _dispose(self) -> None:
         if self._owns_engine:

@@ -6,7 +6,9 @@ and shared paths) are cached per shape; everything that varies is a bind
 parameter, so SQLAlchemy compiles each shape once.
 
 Every time is the database's clock (``UTC_TIMESTAMP(6)``, independent of the
-session time zone).
+session time zone). The few expressions that differ between MySQL/MariaDB and
+SQLite are SQLAlchemy constructs with one compilation per dialect (below), so
+each statement is written once.
 """
 
 from __future__ import annotations
@@ -18,26 +20,31 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Column,
     ColumnElement,
+    DateTime,
+    Delete,
     Insert,
     Integer,
     Select,
     String,
+    Table,
     and_,
     bindparam,
     delete,
     exists,
-    func,
     insert,
-    literal_column,
     or_,
     select,
     union_all,
     update,
 )
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from pathlock.paths import LIKE_ESCAPE, ancestors, descendants_pattern
-from pathlock.schema import customer_locks, path_locks
+from pathlock.schema import customer_locks, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
 
 # How many conflicting rows one attempt reads back, for the caller's error
@@ -59,12 +66,73 @@ LOCK_COLUMNS = (
 )
 
 
+class _Now(FunctionElement[datetime]):
+    """The database's current UTC time, to the microsecond."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+class _NowPlus(FunctionElement[datetime]):
+    """The database's current UTC time plus a number of microseconds."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+class _Fenced(FunctionElement[int]):
+    """An expression whose value the UPDATE hands back to the client."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+# SQLite keeps time as text ('YYYY-MM-DD HH:MM:SS.SSS', milliseconds); three
+# more digits give the six of SQLAlchemy's format, so stored and generated
+# values compare as strings in time order.
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now'{})  || '000'"
+
+
+@compiles(_Now)
+def _now_mysql(_element: _Now, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+@compiles(_Now, "sqlite")
+def _now_sqlite(_element: _Now, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return "(" + _SQLITE_NOW.format("") + ")"
+
+
+@compiles(_NowPlus)
+def _now_plus_mysql(element: _NowPlus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"TIMESTAMPADD(MICROSECOND, {compiler.process(element.clauses, **kw)}, UTC_TIMESTAMP(6))"
+
+
+@compiles(_NowPlus, "sqlite")
+def _now_plus_sqlite(element: _NowPlus, compiler: SQLCompiler, **kw: Any) -> str:
+    shift = f", printf('%+.6f seconds', ({compiler.process(element.clauses, **kw)}) / 1000000.0)"
+    return "(" + _SQLITE_NOW.format(shift) + ")"
+
+
+@compiles(_Fenced)
+def _fenced_mysql(element: _Fenced, compiler: SQLCompiler, **kw: Any) -> str:
+    # LAST_INSERT_ID(expr) returns the value in the statement's own reply
+    # (cursor.lastrowid), saving a SELECT on the hot path.
+    return f"LAST_INSERT_ID({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_Fenced, "sqlite")
+def _fenced_sqlite(element: _Fenced, compiler: SQLCompiler, **kw: Any) -> str:
+    # The store reads it back with a SELECT (in-process, under the write lock).
+    return str(compiler.process(element.clauses, **kw))
+
+
 def now() -> ColumnElement[datetime]:
-    return func.utc_timestamp(6)
+    return _Now()
 
 
 def now_plus(microseconds: ColumnElement[int]) -> ColumnElement[datetime]:
-    return func.timestampadd(literal_column("MICROSECOND"), microseconds, now())
+    return _NowPlus(microseconds)
 
 
 def overlapping(group: str, count: int) -> ColumnElement[bool]:
@@ -166,13 +234,16 @@ def grant_statement(exclusive: int, shared: int) -> Insert:
 BUMP = (
     update(customer_locks)
     .where(customer_locks.c.customer_id == bindparam("c_id"))
-    # LAST_INSERT_ID(expr) hands the new value back in the statement's own
-    # reply, saving a SELECT on the hot path.
-    .values(version=func.last_insert_id(customer_locks.c.version + 1))
+    .values(version=_Fenced(customer_locks.c.version + 1))
 )
+VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
 # IGNORE: a concurrent first use may insert the row too.
 CREATE_SENTINEL = (
-    insert(customer_locks).prefix_with("IGNORE").values(customer_id=bindparam("c_id"), version=0)
+    insert(customer_locks)
+    .prefix_with("IGNORE", dialect="mysql")
+    .prefix_with("IGNORE", dialect="mariadb")
+    .prefix_with("OR IGNORE", dialect="sqlite")
+    .values(customer_id=bindparam("c_id"), version=0)
 )
 LANDED = (
     select(path_locks.c.fencing_token).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
@@ -213,4 +284,61 @@ HELD = (
         path_locks.c.expires_at > now(),
     )
     .distinct()
+)
+
+# Operator clean-up.
+LEASE_CUSTOMER = (
+    select(path_locks.c.customer_id).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
+)
+NODE_CUSTOMERS = (
+    select(path_locks.c.customer_id)
+    .where(path_locks.c.node_id == bindparam("o_node"))
+    .union(
+        select(path_lock_waiters.c.customer_id).where(
+            path_lock_waiters.c.node_id == bindparam("o_node")
+        )
+    )
+)
+RELEASE_NODE = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.node_id == bindparam("o_node"),
+)
+RELEASE_NODE_WAITERS = delete(path_lock_waiters).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.node_id == bindparam("o_node"),
+)
+
+
+def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Delete]:
+    """The reaper's two statements for ``table``: pick the ids of up to
+    ``batch`` expired rows (oldest expiry first, along the expires_at index),
+    then delete those ids. Renewal never extends an expired row, so a picked
+    row stays expired; the DELETE still checks, so it is correct on its own.
+    Several reapers at once are harmless: the later one deletes nothing."""
+    pick = (
+        select(key)
+        .where(table.c.expires_at <= now())
+        .order_by(table.c.expires_at)
+        .limit(bindparam("batch", type_=Integer))
+    )
+    remove = delete(table).where(
+        key.in_(bindparam("ids", expanding=True)), table.c.expires_at <= now()
+    )
+    return pick, remove
+
+
+REAP_LOCKS = expired_batch(path_locks, path_locks.c.id)
+REAP_WAITERS = expired_batch(path_lock_waiters, path_lock_waiters.c.ticket)
+
+WAITER_COLUMNS = (
+    path_lock_waiters.c.customer_id,
+    path_lock_waiters.c.ticket,
+    path_lock_waiters.c.lease_id,
+    path_lock_waiters.c.paths,
+    path_lock_waiters.c.node_id,
+    path_lock_waiters.c.pid,
+    path_lock_waiters.c.thread,
+    path_lock_waiters.c.reason,
+    path_lock_waiters.c.created_at,
+    path_lock_waiters.c.expires_at,
 )

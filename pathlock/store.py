@@ -22,6 +22,8 @@ they share.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import random
 import time
@@ -32,37 +34,46 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
+    Delete,
     Engine,
     Row,
+    Select,
     select,
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from pathlock.errors import BackendError, InvalidArgument
-from pathlock.schema import path_locks
+from pathlock.backends import check_dialect
+from pathlock.errors import BackendError
+from pathlock.schema import path_lock_waiters, path_locks
 from pathlock.statements import (
     BUMP,
     CREATE_SENTINEL,
     HELD,
     LANDED,
+    LEASE_CUSTOMER,
     LOCK_COLUMNS,
     LOCK_SENTINELS,
+    NODE_CUSTOMERS,
+    REAP_LOCKS,
+    REAP_WAITERS,
     RELEASE,
+    RELEASE_NODE,
+    RELEASE_NODE_WAITERS,
     RELEASE_OWNER,
     RENEW,
+    VERSION,
+    WAITER_COLUMNS,
     blockers_query,
     conflict_parameters,
     grant_statement,
     now,
     shape,
 )
-from pathlock.types import LockInfo, Mode, Owner, PathMode
+from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode, WaiterInfo
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-SUPPORTED_DIALECTS = ("mysql", "mariadb")
 
 # Error codes after which the same attempt can simply run again: the failed
 # transaction was rolled back (or its outcome is checked, see try_grant).
@@ -126,6 +137,23 @@ def _lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
     )
 
 
+def _waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
+    try:
+        paths = tuple((str(path), mode) for path, mode in json.loads(row.paths))
+    except (ValueError, TypeError):  # not pathlock's JSON: show it as it is
+        paths = ((str(row.paths), EXCLUSIVE),)
+    return WaiterInfo(
+        customer_id=row.customer_id,
+        ticket=row.ticket,
+        paths=paths,
+        lease_id=row.lease_id,
+        owner=Owner(row.node_id, row.pid, row.thread),
+        reason=row.reason,
+        created_at=_as_utc(row.created_at),
+        expires_at=_as_utc(row.expires_at),
+    )
+
+
 def _grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
     parameters = conflict_parameters(request.paths)
     for n, (path, mode) in enumerate(request.paths):
@@ -144,14 +172,6 @@ def _grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
     return parameters
 
 
-def check_dialect(name: str) -> None:
-    """Refuse databases pathlock has no SQL for, before connecting to them."""
-    if name not in SUPPORTED_DIALECTS:
-        raise InvalidArgument(
-            f"unsupported database {name!r}: pathlock runs on {' and '.join(SUPPORTED_DIALECTS)}"
-        )
-
-
 def _error_code(error: DBAPIError) -> int | None:
     args = getattr(error.orig, "args", ())
     if args and isinstance(args[0], int):
@@ -159,9 +179,18 @@ def _error_code(error: DBAPIError) -> int | None:
     return None
 
 
+# SQLite's primary result codes (the low byte of the extended code) when the
+# database is locked by another connection for longer than the busy timeout.
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+
+
 def is_transient(error: DBAPIError) -> bool:
     """Deadlocks, lock-wait timeouts and lost connections: worth another try."""
-    return error.connection_invalidated or _error_code(error) in TRANSIENT_ERRORS
+    if error.connection_invalidated or _error_code(error) in TRANSIENT_ERRORS:
+        return True
+    sqlite_code = getattr(error.orig, "sqlite_errorcode", None)
+    return isinstance(sqlite_code, int) and sqlite_code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
 
 class Store:
@@ -175,6 +204,9 @@ class Store:
     def __init__(self, engine: Engine, *, max_attempts: int = 5, retry_delay: float = 0.05) -> None:
         check_dialect(engine.dialect.name)
         self.engine = engine
+        # MySQL hands the fencing token back in the UPDATE's reply; SQLite
+        # needs a SELECT (cheap: in-process, under the write lock).
+        self._token_from_reply = engine.dialect.name != "sqlite"
         self.max_attempts = max_attempts
         self.retry_delay = retry_delay
 
@@ -210,8 +242,7 @@ class Store:
 
     # -- the sentinel ---------------------------------------------------------
 
-    @staticmethod
-    def _bump(connection: Connection, customer_id: int) -> int:
+    def _bump(self, connection: Connection, customer_id: int) -> int:
         """Write the customer's sentinel row and return its new version."""
         parameters = {"c_id": customer_id}
         result = connection.execute(BUMP, parameters)
@@ -224,11 +255,15 @@ class Store:
             connection.execute(CREATE_SENTINEL, parameters)
             connection.commit()
             result = connection.execute(BUMP, parameters)
-        token = result.lastrowid
+        token: Any
+        if self._token_from_reply:
+            token = result.lastrowid
+        else:
+            token = connection.execute(VERSION, parameters).scalar()
         if not token:
             raise BackendError(
                 "reading the fencing token",
-                RuntimeError("the server did not return LAST_INSERT_ID() for the sentinel"),
+                RuntimeError("the database returned no version for the sentinel"),
             )
         return int(token)
 
@@ -341,11 +376,110 @@ class Store:
 
         return self._run("listing locks", attempt)
 
+    def database_time(self) -> datetime:
+        """The database's clock, in UTC: the clock every expiry is judged by."""
+
+        def attempt(connection: Connection, _number: int) -> datetime:
+            value = connection.execute(select(now())).scalar_one()
+            connection.rollback()
+            return _as_utc(value)
+
+        return self._run("reading the database's clock", attempt)
+
+    def list_waiters(self, customer_id: int | None) -> list[WaiterInfo]:
+        """Queued requests of one customer (or all), oldest ticket first."""
+        query = select(*WAITER_COLUMNS).order_by(
+            path_lock_waiters.c.customer_id, path_lock_waiters.c.ticket
+        )
+        if customer_id is not None:
+            query = query.where(path_lock_waiters.c.customer_id == customer_id)
+        query = query.where(path_lock_waiters.c.expires_at > now())
+
+        def attempt(connection: Connection, _number: int) -> list[WaiterInfo]:
+            rows = connection.execute(query).all()
+            connection.rollback()
+            return [_waiter_info(row) for row in rows]
+
+        return self._run("listing waiters", attempt)
+
+    # -- operators and the reaper ------------------------------------------------
+
+    def lease_customer(self, lease_id: str) -> int | None:
+        """The customer whose rows carry ``lease_id``, or ``None``."""
+
+        def attempt(connection: Connection, _number: int) -> int | None:
+            customer_id = connection.execute(LEASE_CUSTOMER, {"l_id": lease_id}).scalar()
+            connection.rollback()
+            return None if customer_id is None else int(customer_id)
+
+        return self._run("looking up a lease", attempt)
+
+    def release_node(self, node_id: str) -> int:
+        """Delete every lock and waiter row of ``node_id``, one customer per
+        transaction (each writes its sentinel, like any release); return the
+        number of lock rows deleted."""
+
+        def customers(connection: Connection, _number: int) -> list[int]:
+            found = connection.execute(NODE_CUSTOMERS, {"o_node": node_id}).scalars().all()
+            connection.rollback()
+            return sorted(int(customer_id) for customer_id in found)
+
+        return sum(
+            self._run(
+                "releasing a node's locks",
+                functools.partial(self._release_node_of, customer_id, node_id),
+            )
+            for customer_id in self._run("finding a node's locks", customers)
+        )
+
+    def _release_node_of(
+        self, customer_id: int, node_id: str, connection: Connection, _number: int
+    ) -> int:
+        self._bump(connection, customer_id)
+        parameters = {"c_id": customer_id, "o_node": node_id}
+        deleted = connection.execute(RELEASE_NODE, parameters).rowcount
+        connection.execute(RELEASE_NODE_WAITERS, parameters)
+        connection.commit()
+        return deleted
+
+    def reap(self, batch_size: int) -> tuple[int, int]:
+        """Delete expired lock rows and dead waiter rows, ``batch_size`` rows
+        per transaction, until none are left; return (locks, waiters) deleted.
+
+        No sentinel is written: an expired row already blocks nobody, so
+        deleting it changes no grant, and short batches never hold many row
+        locks at a time."""
+        return (
+            self._reap_table("reaping expired locks", REAP_LOCKS, batch_size),
+            self._reap_table("reaping dead waiters", REAP_WAITERS, batch_size),
+        )
+
+    def _reap_table(
+        self, action: str, statements: tuple[Select[Any], Delete], batch_size: int
+    ) -> int:
+        pick, remove = statements
+
+        def batch(connection: Connection, _number: int) -> tuple[int, int]:
+            ids = sorted(connection.execute(pick, {"batch": batch_size}).scalars())
+            if not ids:
+                connection.rollback()
+                return 0, 0
+            deleted = connection.execute(remove, {"ids": ids}).rowcount
+            connection.commit()
+            return len(ids), deleted
+
+        total = 0
+        while True:
+            picked, deleted = self._run(action, batch)
+            total += deleted
+            if picked < batch_size:
+                return total
+
 
 _NO_SUCH_TABLE = 1146
 
 
 def _hint(error: DBAPIError) -> str:
-    if _error_code(error) == _NO_SUCH_TABLE:
+    if _error_code(error) == _NO_SUCH_TABLE or "no such table" in str(error.orig):
         return "the pathlock tables are missing: run the migrations or manager.create_schema()"
     return ""

@@ -66,3 +66,18 @@ class LockInfo:
         if self.reason:
             text += f" for {self.reason!r}"
         return text
+
+
+@dataclass(frozen=True, slots=True)
+class WaiterInfo:
+    """One queued request that is waiting for its paths (a row of
+    ``path_lock_waiters``); ``ticket`` orders the queue, oldest first."""
+
+    customer_id: int
+    ticket: int
+    paths: tuple[PathMode, ...]
+    lease_id: str
+    owner: Owner
+    reason: str
+    created_at: datetime
+    expires_at: datetime

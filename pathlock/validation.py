@@ -11,7 +11,7 @@ import math
 import re
 
 from pathlock.errors import ArgumentTypeError, InvalidArgument
-from pathlock.schema import NODE_ID_LENGTH, REASON_LENGTH
+from pathlock.schema import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 
 MAX_CUSTOMER_ID = 2**63 - 1  # BIGINT
 MAX_TTL = 366 * 24 * 3600.0
@@ -82,3 +82,34 @@ def node_id(value: object) -> str:
     if _CONTROL.search(value) or _SURROGATE.search(value):
         raise InvalidArgument(f"node_id {value!r} contains control characters or surrogates")
     return value
+
+
+_LEASE_ID = re.compile(f"[0-9a-f]{{{LEASE_ID_LENGTH}}}")
+
+
+def lease_id(value: object) -> str:
+    """A lease id as pathlock makes them: 32 lowercase hexadecimal digits."""
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"lease_id must be a str, got {type(value).__name__}")
+    if not _LEASE_ID.fullmatch(value):
+        raise InvalidArgument(
+            f"lease_id must be {LEASE_ID_LENGTH} lowercase hexadecimal digits, got {value!r}"
+        )
+    return value
+
+
+def positive_int(name: str, value: object) -> int:
+    """A count of at least 1 (batch sizes, attempts)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise InvalidArgument(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def interval(value: object) -> float:
+    """A period in seconds for scheduled jobs: more than 0, finite."""
+    number = _number("interval", value)
+    if not 0 < number < math.inf:
+        raise InvalidArgument(f"interval must be a positive number of seconds, got {number:g}")
+    return number

@@ -19,19 +19,35 @@ from pathlock.schema import metadata
 
 MYSQL_URL = os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
-BACKENDS = {"mariadb": MYSQL_URL}
+BACKENDS = ("mariadb", "sqlite")
 
 
-@pytest.fixture(scope="session", params=sorted(BACKENDS))
-def database_url(request: pytest.FixtureRequest) -> str:
-    """The URL of one backend, with the pathlock tables created."""
-    url = BACKENDS[request.param]
-    engine = create_engine(url)
+@pytest.fixture(scope="session")
+def mariadb_url() -> str:
+    """The MariaDB/MySQL server's URL, with the pathlock tables created, for
+    tests of what only a server does (killed connections, lock-wait timeouts,
+    migrations to a server)."""
+    engine = create_engine(MYSQL_URL)
     try:
         metadata.create_all(engine)
     finally:
         engine.dispose()
+    return MYSQL_URL
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SQLite file of the test session, upgraded by pathlock itself."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'pathlock.sqlite3'}"
+    PathLockManager(url, heartbeat=False).close()  # creates the schema
     return url
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def database_url(request: pytest.FixtureRequest) -> str:
+    """The URL of one backend, with the pathlock tables created: every test
+    that uses it runs once per backend."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
 
 
 @pytest.fixture

@@ -1,17 +1,27 @@
 """Transient database failures are retried, permanent ones are reported clearly,
-and engines passed in are used the way the design needs."""
+and engines passed in are used the way the design needs.
+
+Most of these are about what a server does (killed connections, lock-wait
+timeouts, databases without the tables), so they run on MariaDB; the SQLite
+ones check the embedded backend's own failure modes.
+"""
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import secrets
+import sqlite3
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
-from pathlock import BackendError, CustomerLocks, InvalidArgument, PathLockManager
+from pathlock import BackendError, InvalidArgument, PathLockManager
+from pathlock.backends import URL_ENV_VAR
 
 
 def _pooled_connection_id(manager: PathLockManager) -> int:
@@ -21,19 +31,28 @@ def _pooled_connection_id(manager: PathLockManager) -> int:
     return int(connection_id)
 
 
+@pytest.fixture
+def mariadb_engine(mariadb_url: str) -> Iterator[Engine]:
+    engine = create_engine(mariadb_url)
+    yield engine
+    engine.dispose()
+
+
 def test_killed_connection_is_retried_with_a_warning(
-    manager: PathLockManager,
-    locks: CustomerLocks,
-    raw_engine: Engine,
+    mariadb_url: str,
+    customer_id: int,
+    mariadb_engine: Engine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    locks.lock_paths("/warm/up/the/pool").release()
-    victim = _pooled_connection_id(manager)
-    with raw_engine.connect() as admin:
-        admin.execute(text(f"KILL CONNECTION {victim}"))
-    with caplog.at_level(logging.WARNING, logger="pathlock"):
-        lease = locks.lock_paths("/after/kill", timeout=5)
-    lease.release()
+    with PathLockManager(mariadb_url) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm/up/the/pool").release()
+        victim = _pooled_connection_id(manager)
+        with mariadb_engine.connect() as admin:
+            admin.execute(text(f"KILL CONNECTION {victim}"))
+        with caplog.at_level(logging.WARNING, logger="pathlock"):
+            lease = locks.lock_paths("/after/kill", timeout=5)
+        lease.release()
     retries = [record for record in caplog.records if "transient" in record.getMessage()]
     assert retries, "the lost connection should have been retried and logged"
     assert all(record.name.startswith("pathlock") for record in retries)
@@ -41,10 +60,10 @@ def test_killed_connection_is_retried_with_a_warning(
 
 
 def test_lock_wait_timeout_is_retried(
-    database_url: str, customer_id: int, raw_engine: Engine, caplog: pytest.LogCaptureFixture
+    mariadb_url: str, customer_id: int, mariadb_engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
     impatient = PathLockManager(
-        database_url,
+        mariadb_url,
         engine_options={"connect_args": {"init_command": "SET innodb_lock_wait_timeout = 1"}},
     )
     with impatient:
@@ -52,7 +71,7 @@ def test_lock_wait_timeout_is_retried(
         locks.lock_paths("/create/the/sentinel").release()
         # Another session sits on the sentinel row longer than the lock-wait
         # timeout, then lets go: the first attempt fails with 1205, a retry wins.
-        blocker = raw_engine.connect()
+        blocker = mariadb_engine.connect()
         blocker.execute(
             text("UPDATE customer_locks SET version = version WHERE customer_id = :c"),
             {"c": customer_id},
@@ -69,17 +88,17 @@ def test_lock_wait_timeout_is_retried(
 
 
 def test_persistent_transient_error_becomes_backend_error(
-    database_url: str, customer_id: int, raw_engine: Engine
+    mariadb_url: str, customer_id: int, mariadb_engine: Engine
 ) -> None:
     impatient = PathLockManager(
-        database_url,
+        mariadb_url,
         max_attempts=2,
         engine_options={"connect_args": {"init_command": "SET innodb_lock_wait_timeout = 1"}},
     )
     with impatient:
         locks = impatient.for_customer(customer_id)
         locks.lock_paths("/create/the/sentinel").release()
-        with raw_engine.connect() as blocker:
+        with mariadb_engine.connect() as blocker:
             blocker.execute(
                 text("UPDATE customer_locks SET version = version WHERE customer_id = :c"),
                 {"c": customer_id},
@@ -93,9 +112,9 @@ def test_persistent_transient_error_becomes_backend_error(
 
 
 @pytest.fixture
-def empty_database(database_url: str) -> Iterator[str]:
+def empty_database(mariadb_url: str) -> Iterator[str]:
     """A fresh database on the same server, without pathlock's tables."""
-    url = make_url(database_url)
+    url = make_url(mariadb_url)
     name = f"pathlock_empty_{secrets.token_hex(4)}"
     admin = create_engine(url)
     with admin.connect() as connection:
@@ -119,9 +138,9 @@ def test_missing_tables_give_a_clear_error(empty_database: str) -> None:
 
 
 def test_engine_passed_in_runs_read_committed_and_is_not_disposed(
-    database_url: str, customer_id: int
+    mariadb_url: str, customer_id: int
 ) -> None:
-    engine = create_engine(database_url)  # the server default: REPEATABLE READ
+    engine = create_engine(mariadb_url)  # the server default: REPEATABLE READ
     with PathLockManager(engine) as manager:
         with manager.engine.connect() as connection:
             level = connection.execute(text("SELECT @@tx_isolation")).scalar_one()
@@ -152,3 +171,111 @@ def test_bad_constructor_arguments() -> None:
         PathLockManager("mysql+pymysql://root@127.0.0.1/test", ttl=-1)
     with pytest.raises(InvalidArgument, match="node_id"):
         PathLockManager("mysql+pymysql://root@127.0.0.1/test", node_id="")
+
+
+# -- SQLite, the embedded backend ---------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_file(tmp_path: Path) -> Path:
+    return tmp_path / "locks.sqlite3"
+
+
+def _hold_write_lock(path: Path) -> sqlite3.Connection:
+    """Another process's writer, as SQLite sees it: a connection inside BEGIN
+    IMMEDIATE holds the database's write lock until it ends."""
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("BEGIN IMMEDIATE")
+    return connection
+
+
+def test_sqlite_busy_database_is_retried_with_a_warning(
+    sqlite_file: Path, customer_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{sqlite_file}"
+    impatient = PathLockManager(url, engine_options={"connect_args": {"timeout": 0.2}})
+    with impatient:
+        locks = impatient.for_customer(customer_id)
+        locks.lock_paths("/create/the/sentinel").release()
+        writer = _hold_write_lock(sqlite_file)
+        timer = threading.Timer(0.5, writer.rollback)
+        timer.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="pathlock"):
+                locks.lock_paths("/x", timeout=10).release()
+        finally:
+            timer.join()
+            writer.close()
+    assert any("database is locked" in record.getMessage() for record in caplog.records)
+
+
+def test_sqlite_persistently_busy_database_becomes_backend_error(
+    sqlite_file: Path, customer_id: int
+) -> None:
+    url = f"sqlite:///{sqlite_file}"
+    impatient = PathLockManager(
+        url, max_attempts=2, engine_options={"connect_args": {"timeout": 0.05}}
+    )
+    with impatient:
+        locks = impatient.for_customer(customer_id)
+        writer = _hold_write_lock(sqlite_file)
+        try:
+            with pytest.raises(BackendError, match="2 attempts"):
+                locks.lock_paths("/x", timeout=10)
+        finally:
+            writer.rollback()
+            writer.close()
+        assert locks.list_locks() == []
+
+
+def _open_new_file(url: str) -> None:
+    with PathLockManager(url, heartbeat=False) as manager:
+        manager.for_customer(1).try_lock_paths(f"/{os.getpid()}")
+
+
+def test_processes_opening_a_new_sqlite_file_at_once_create_it_once(sqlite_file: Path) -> None:
+    url = f"sqlite:///{sqlite_file}"
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        pool.map(_open_new_file, [url] * 4)
+    with sqlite3.connect(sqlite_file) as connection:
+        versions = connection.execute("SELECT version_num FROM pathlock_alembic_version").fetchall()
+        tables = {
+            name
+            for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+    connection.close()
+    assert versions == [("0001",)]
+    assert {"customer_locks", "path_locks", "path_lock_waiters"} <= tables
+
+
+def test_sqlite_engine_passed_in_is_reopened_and_left_alone(sqlite_file: Path) -> None:
+    engine = create_engine(f"sqlite:///{sqlite_file}")
+    with PathLockManager(engine) as manager:
+        assert manager.engine is not engine
+        with manager.for_customer(7).lock_paths("/a") as lease:
+            assert lease.fencing_token == 1
+    with engine.connect() as connection:  # the caller's engine still works
+        assert connection.execute(text("SELECT 1")).scalar_one() == 1
+    engine.dispose()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_in_memory_sqlite_is_refused(url: str) -> None:
+    with pytest.raises(InvalidArgument, match="in-memory"):
+        PathLockManager(url)
+
+
+def test_default_database_is_an_embedded_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(URL_ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with PathLockManager(heartbeat=False) as manager:
+        assert manager.engine.url.database == str(tmp_path / "state/pathlock/locks.sqlite3")
+        manager.for_customer(1).lock_paths("/a").release()
+    assert (tmp_path / "state/pathlock/locks.sqlite3").is_file()
+    # The environment variable wins over the default file.
+    monkeypatch.setenv(URL_ENV_VAR, f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
+    with PathLockManager(heartbeat=False) as manager:
+        assert manager.engine.url.database == str(tmp_path / "elsewhere.sqlite3")

@@ -7,11 +7,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Engine, func, make_url, select, text
 
 from pathlock import CustomerLocks, Lease, LeaseLost, PathLockManager
+from pathlock.schema import path_locks
 
 
 def _delete_rows(engine: Engine, lease: Lease) -> None:
@@ -22,17 +24,13 @@ def _delete_rows(engine: Engine, lease: Lease) -> None:
 
 
 def _expires_in(engine: Engine, lease: Lease) -> float:
-    """Seconds until the lease's rows expire, by the database's clock."""
+    """Seconds until the lease's rows expire. Both backends run on this host,
+    so its clock is the database's (read independently of pathlock)."""
     with engine.connect() as connection:
-        return float(
-            connection.execute(
-                text(
-                    "SELECT MIN(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)) / 1e6 "
-                    "FROM path_locks WHERE lease_id = :l"
-                ),
-                {"l": lease.lease_id},
-            ).scalar_one()
-        )
+        expires_at = connection.execute(
+            select(func.min(path_locks.c.expires_at)).where(path_locks.c.lease_id == lease.lease_id)
+        ).scalar_one()
+    return (expires_at.replace(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
 
 
 def test_renewal_keeps_a_lease_alive_past_several_ttls(
@@ -162,17 +160,17 @@ class _Proxy:
 
 
 @pytest.fixture
-def proxy(database_url: str) -> Iterator[_Proxy]:
-    url = make_url(database_url)
+def proxy(mariadb_url: str) -> Iterator[_Proxy]:
+    url = make_url(mariadb_url)
     proxy = _Proxy((url.host or "127.0.0.1", url.port or 3306))
     yield proxy
     proxy.cut()
 
 
 def test_unreachable_database_loses_the_lease_before_anyone_else_gets_it(
-    database_url: str, customer_id: int, proxy: _Proxy
+    mariadb_url: str, customer_id: int, proxy: _Proxy
 ) -> None:
-    through_proxy = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
+    through_proxy = make_url(mariadb_url).set(host="127.0.0.1", port=proxy.port)
     lost_at: list[float] = []
     holder = PathLockManager(
         through_proxy,
@@ -181,7 +179,7 @@ def test_unreachable_database_loses_the_lease_before_anyone_else_gets_it(
         max_attempts=2,
         on_lost=lambda _lease: lost_at.append(time.monotonic()),
     )
-    with PathLockManager(database_url, ttl=2.0, node_id="healthy") as other:
+    with PathLockManager(mariadb_url, ttl=2.0, node_id="healthy") as other:
         lease = holder.for_customer(customer_id).lock_paths("/contested")
         proxy.cut()
         locks = other.for_customer(customer_id)

@@ -115,6 +115,9 @@ MATRIX = [
     ("/it's", "exclusive", '/it\'s/"quoted"', "exclusive", True),
     # case matters unless the manager folds case
     ("/Shared/A", "exclusive", "/Shared/a", "exclusive", False),
+    ("/Shared/A", "exclusive", "/Shared/a/x", "exclusive", False),  # LIKE must not fold case
+    ("/Shared/a/x", "exclusive", "/Shared/A", "exclusive", False),
+    ("/Été/x", "exclusive", "/été", "exclusive", False),
     # Unicode NFC and NFD spellings are one path
     ("/caf\u00e9", "exclusive", "/cafe\u0301", "exclusive", True),
     ("/cafe\u0301/menu", "exclusive", "/caf\u00e9", "exclusive", True),

@@ -1,0 +1,175 @@
+"""The databases pathlock runs on and how it opens them.
+
+- **MySQL / MariaDB** (``mysql+pymysql://...``): the production backend. Every
+  transaction runs in READ COMMITTED (see :mod:`pathlock.store`).
+- **SQLite** (``sqlite:///path/to/file``): the embedded default, for one host.
+  Every transaction starts with ``BEGIN IMMEDIATE``, which takes the database's
+  single write lock up front: writers are serialized across all processes that
+  open the file, which is what the per-customer sentinel gives on a server
+  (only coarser). The file is in WAL mode, so readers never wait. Database time
+  is the host's clock, shared by every process on it. pathlock owns such a
+  file: the manager brings its schema up to date when it opens it.
+
+With no database given, :func:`default_database_url` applies:
+``$PATHLOCK_DATABASE_URL`` if set, else a SQLite file at
+``$XDG_STATE_HOME/pathlock/locks.sqlite3`` (``~/.local/state/pathlock/...``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import URL, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
+
+URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
+SUPPORTED_DIALECTS = ("mysql", "mariadb", "sqlite")
+ISOLATION_LEVEL = "READ COMMITTED"
+
+# How long a SQLite connection waits for the write lock before SQLITE_BUSY
+# (which the store then retries). Transactions hold it for well under a
+# millisecond, so waiting long means something is wrong.
+SQLITE_BUSY_TIMEOUT = 10.0
+
+
+def default_sqlite_path() -> Path:
+    """Where the embedded default database lives: under the XDG state
+    directory, ``~/.local/state`` unless ``$XDG_STATE_HOME`` says otherwise."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "pathlock" / "locks.sqlite3"
+
+
+def default_database_url() -> str:
+    """``$PATHLOCK_DATABASE_URL`` if set, else the embedded SQLite file."""
+    return os.environ.get(URL_ENV_VAR) or f"sqlite:///{default_sqlite_path()}"
+
+
+def check_dialect(name: str) -> None:
+    """Refuse databases pathlock has no SQL for, before connecting to them."""
+    if name not in SUPPORTED_DIALECTS:
+        raise InvalidArgument(
+            f"unsupported database {name!r}: pathlock runs on MySQL, MariaDB and SQLite"
+        )
+
+
+def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engine, bool]:
+    """The engine to use for ``database`` (a URL, a URL string, an Engine or
+    ``None`` for the default) and whether pathlock created it (and disposes it)."""
+    if database is None:
+        database = default_database_url()
+    if isinstance(database, Engine):
+        if engine_options:
+            raise ArgumentTypeError("engine_options only apply when pathlock creates the engine")
+        check_dialect(database.dialect.name)
+        if database.dialect.name == "sqlite":
+            # Its transactions must begin IMMEDIATE, which is set up per
+            # engine: open our own engine on the same file.
+            return _sqlite_engine(database.url, {}), True
+        # The conflict check is only sound under READ COMMITTED (DESIGN.md).
+        # An engine created with that level sets it once per connection; any
+        # other engine gets it per checkout, which costs a round trip or two.
+        if getattr(database.dialect, "_on_connect_isolation_level", None) == ISOLATION_LEVEL:
+            return database, False
+        return database.execution_options(isolation_level=ISOLATION_LEVEL), False
+    if isinstance(database, (str, URL)):
+        try:
+            url = make_url(database)
+        except (SQLAlchemyError, ValueError) as error:
+            raise InvalidArgument(f"not a database URL: {error}") from error
+        check_dialect(url.get_backend_name())
+        if url.get_backend_name() == "sqlite":
+            return _sqlite_engine(url, engine_options), True
+        options: dict[str, Any] = {"pool_recycle": 3600, **engine_options}
+        options["isolation_level"] = ISOLATION_LEVEL
+        try:
+            return create_engine(url, **options), True
+        except (SQLAlchemyError, ValueError, ImportError) as error:
+            raise BackendError("creating the database engine", error) from error
+    kind = type(database).__name__
+    raise ArgumentTypeError(
+        f"database must be a URL string, a sqlalchemy URL, an Engine or None, got {kind}"
+    )
+
+
+def _sqlite_engine(url: URL, engine_options: dict[str, Any]) -> Engine:
+    database = url.database or ""
+    if database in ("", ":memory:") or url.query.get("mode") == "memory":
+        raise InvalidArgument(
+            "pathlock needs a SQLite file that every process can open "
+            f"(sqlite:///path/to/file), not an in-memory database: {url}"
+        )
+    if not url.query.get("uri"):
+        try:
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise BackendError("creating the SQLite database's directory", error) from error
+    connect_args = {
+        "timeout": SQLITE_BUSY_TIMEOUT,
+        # The pool hands a connection to one thread at a time (the heartbeat
+        # renews from its own thread).
+        "check_same_thread": False,
+        **engine_options.pop("connect_args", {}),
+    }
+    try:
+        engine = create_engine(url, connect_args=connect_args, **engine_options)
+    except (SQLAlchemyError, ValueError, ImportError) as error:
+        raise BackendError("creating the database engine", error) from error
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:
+    # Let SQLAlchemy's "begin" event issue BEGIN itself (see _sqlite_begin):
+    # the driver's own transaction handling begins lazily, before the first
+    # write only, which would let a transaction read before it holds the lock.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # WAL: readers never block the writer nor each other. FULL: a granted
+        # lock survives a power cut, as on a server.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        # Paths compare byte for byte, LIKE included (it folds ASCII case by
+        # default, which would make /A/x a descendant of /a).
+        cursor.execute("PRAGMA case_sensitive_like=ON")
+        cursor.execute("SELECT 'a' LIKE 'A'")
+        if cursor.fetchone()[0]:
+            raise PathLockError(
+                "this SQLite build ignores PRAGMA case_sensitive_like; "
+                "pathlock cannot compare paths exactly on it"
+            )
+    finally:
+        cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    # Take the write lock at the start of every transaction: the conflict check
+    # then reads what the transaction's own write will be judged against.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def upgrade_sqlite_schema(engine: Engine) -> None:
+    """Bring an embedded SQLite database to the current schema: run the
+    migrations unless they are at head already. The check and the upgrade run
+    in one IMMEDIATE transaction, so processes that open a new file at once
+    create its tables once."""
+    from pathlock import migrate  # noqa: PLC0415 - Alembic only when needed
+
+    try:
+        with engine.connect() as connection:
+            if inspect(connection).has_table(migrate.VERSION_TABLE):
+                current = connection.execute(
+                    text(f"SELECT version_num FROM {migrate.VERSION_TABLE}")
+                ).scalar()
+                if current == migrate.head_revision():
+                    connection.rollback()
+                    return
+            migrate.upgrade(connection=connection)
+            connection.commit()
+    except SQLAlchemyError as error:
+        raise BackendError("creating the SQLite database's tables", error) from error
