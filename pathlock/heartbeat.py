@@ -59,13 +59,17 @@ class Heartbeat:
             self._condition.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread (a renewal in flight is left to finish on its own)."""
+        """Stop the thread and wait up to ``timeout`` seconds, in all, for it
+        and for a renewal in flight (one stuck in the network is left behind:
+        it is a daemon thread and its engine is about to be disposed)."""
+        deadline = time.monotonic() + timeout
         with self._condition:
             self._stopping = True
             self._condition.notify()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        for waited in (thread, self._in_flight):
+            if waited is not None and waited is not threading.current_thread():
+                waited.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         while True:

@@ -8,21 +8,20 @@ process's waiters of the same customer).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from pathlock import validation
+from pathlock import reaper, validation
 from pathlock.backends import open_engine, upgrade_sqlite_schema
 from pathlock.errors import (
     ArgumentTypeError,
@@ -47,8 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REAP_INTERVAL = 60.0
-REAP_BATCH_SIZE = 1000
+REAP_INTERVAL = reaper.INTERVAL  # TEMP: cli.py still imports these names
+REAP_BATCH_SIZE = reaper.BATCH_SIZE
 
 
 class PathLockManager:
@@ -122,6 +121,7 @@ class PathLockManager:
         self.case_insensitive = case_insensitive
         self.backoff: WaitPolicy = ReverseExponentialBackoff() if backoff is None else backoff
         validation.positive_int("max_attempts", max_attempts)
+        self._wakeups = LocalWakeups()
         self.engine, self._owns_engine = open_engine(database, dict(engine_options or {}))
         try:
             if self.engine.dialect.name == "sqlite":
@@ -132,15 +132,13 @@ class PathLockManager:
         except PathLockError:
             self._dispose()
             raise
-        self._wakeups = LocalWakeups()
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._closed = False
-        # The reaper: a scheduler of our own (start_reaper), and the jobs added
-        # to applications' schedulers (add_reaper_job), removed on close().
-        self._reaper: BaseScheduler | None = None
-        self._reaper_jobs: list[tuple[BaseScheduler, str]] = []
-        self._reaper_lock = threading.Lock()
+        self._reaper = reaper.ReaperJobs(
+            lambda batch_size: self.reap_expired(batch_size=batch_size),
+            name=f"pathlock reaper ({self.node_id})",
+        )
         self._on_lost = () if on_lost is None else (on_lost,)
         self._heartbeat = (
             Heartbeat(
@@ -189,7 +187,7 @@ class PathLockManager:
             customer_id = validation.customer_id(customer_id)
         return self._store.list_waiters(customer_id)
 
-    def reap_expired(self, *, batch_size: int = REAP_BATCH_SIZE) -> int:
+    def reap_expired(self, *, batch_size: int = reaper.BATCH_SIZE) -> int:
         """Delete expired lock rows and dead waiter rows; return how many.
 
         Expired rows already block nobody; deleting them keeps the table small.
@@ -200,7 +198,8 @@ class PathLockManager:
         batch_size = validation.positive_int("batch_size", batch_size)
         self._check_open()
         started = time.monotonic()
-        locks, waiters = self._store.reap(batch_size)
+        # close() stops a run between batches.
+        locks, waiters = self._store.reap(batch_size, lambda: self._closed)
         if locks or waiters:
             log.info(
                 "reaped %d expired lock rows and %d dead waiter rows in %.3f s",
@@ -211,29 +210,21 @@ class PathLockManager:
         return locks + waiters
 
     def start_reaper(
-        self, interval: float = REAP_INTERVAL, *, batch_size: int = REAP_BATCH_SIZE
+        self, interval: float = reaper.INTERVAL, *, batch_size: int = reaper.BATCH_SIZE
     ) -> None:
         """Run :meth:`reap_expired` every ``interval`` seconds (first run now)
         on an APScheduler background scheduler that this manager owns and
         shuts down in :meth:`close`."""
-        from apscheduler.schedulers.background import BackgroundScheduler  # noqa: PLC0415
-
-        with self._reaper_lock:
-            self._check_open()
-            if self._reaper is not None:
-                raise PathLockError("this manager's reaper is already running")
-            scheduler = BackgroundScheduler(daemon=True)
-            self.add_reaper_job(scheduler, interval=interval, batch_size=batch_size)
-            scheduler.start()
-            self._reaper = scheduler
+        self._check_open()
+        self._reaper.start(interval, batch_size)
 
     def add_reaper_job(
         self,
         scheduler: BaseScheduler,
         *,
-        interval: float = REAP_INTERVAL,
-        batch_size: int = REAP_BATCH_SIZE,
-        job_id: str = "pathlock-reaper",
+        interval: float = reaper.INTERVAL,
+        batch_size: int = reaper.BATCH_SIZE,
+        job_id: str = reaper.JOB_ID,
     ) -> Job:
         """Add the reaper to an application's own APScheduler 3 scheduler: every
         ``interval`` seconds (with 10 % jitter, so many nodes spread out; the
@@ -243,28 +234,8 @@ class PathLockManager:
         job. The job calls this manager, so it needs the scheduler's in-memory
         job store (it cannot be pickled into a persistent one).
         """
-        from apscheduler.triggers.interval import IntervalTrigger  # noqa: PLC0415
-
-        interval = validation.interval(interval)
-        batch_size = validation.positive_int("batch_size", batch_size)
-        if not isinstance(job_id, str) or not job_id:
-            raise ArgumentTypeError("job_id must be a non-empty str")
         self._check_open()
-        job = scheduler.add_job(
-            self._reap_job,
-            IntervalTrigger(seconds=interval, jitter=interval / 10),
-            kwargs={"batch_size": batch_size},
-            id=job_id,
-            name=f"pathlock reaper ({self.node_id})",
-            replace_existing=True,
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=None,
-            next_run_time=datetime.now(UTC),
-        )
-        with self._reaper_lock:
-            self._reaper_jobs.append((scheduler, job_id))
-        return job
+        return self._reaper.add(scheduler, interval, batch_size, job_id)
 
     def release_lease(self, lease_id: str) -> int:
         """Delete the rows of any lease, by its id: the operator's escape hatch
@@ -292,7 +263,7 @@ class PathLockManager:
         WARNING. Live holders on that node lose their leases."""
         node_id = validation.node_id(node_id)
         self._check_open()
-        deleted = self._store.release_node(node_id)
+        deleted = self._release_node(node_id)
         log.warning("released %d paths of node %r on request", deleted, node_id)
         return deleted
 
@@ -303,7 +274,7 @@ class PathLockManager:
         if self._closed:
             return
         self._closed = True
-        self._stop_reaper()
+        self._reaper.stop()
         if self._heartbeat is not None:
             self._heartbeat.stop()
         with self._leases_lock:
@@ -329,34 +300,20 @@ class PathLockManager:
 
     # -- internals used by CustomerLocks and Lease -------------------------------
 
+    def _release_node(self, node_id: str) -> int:
+        released = self._store.release_node(node_id)
+        for customer_id in released:
+            self._wakeups.notify(customer_id)
+        return sum(released.values())
+
     def _clean_up_node(self) -> None:
-        deleted = self._store.release_node(self.node_id)
+        deleted = self._release_node(self.node_id)
         if deleted:
             log.warning(
                 "cleanup_on_start: deleted %d locked paths left by an earlier run of node %r",
                 deleted,
                 self.node_id,
             )
-
-    def _reap_job(self, batch_size: int) -> None:
-        try:
-            self.reap_expired(batch_size=batch_size)
-        except PathLockError as error:
-            log.warning("reaper run failed (the next run will try again): %s", error)
-
-    def _stop_reaper(self) -> None:
-        from apscheduler.jobstores.base import JobLookupError  # noqa: PLC0415
-
-        with self._reaper_lock:
-            scheduler, self._reaper = self._reaper, None
-            jobs, self._reaper_jobs = self._reaper_jobs, []
-        for foreign, job_id in jobs:
-            if foreign is scheduler:
-                continue
-            with contextlib.suppress(JobLookupError):  # the application removed it
-                foreign.remove_job(job_id)
-        if scheduler is not None:
-            scheduler.shutdown(wait=True)
 
     def _dispose(self) -> None:
         if self._owns_engine:

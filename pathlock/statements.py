@@ -311,13 +311,15 @@ RELEASE_NODE_WAITERS = delete(path_lock_waiters).where(
 
 def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Delete]:
     """The reaper's two statements for ``table``: pick the ids of up to
-    ``batch`` expired rows (oldest expiry first, along the expires_at index),
-    then delete those ids. Renewal never extends an expired row, so a picked
-    row stays expired; the DELETE still checks, so it is correct on its own.
-    Several reapers at once are harmless: the later one deletes nothing."""
+    ``batch`` rows that expired by ``cutoff`` (the database's time when the run
+    began, so a run ends even while rows keep expiring), oldest expiry first
+    along the expires_at index; then delete those ids. Renewal never extends an
+    expired row, so a picked row stays expired; the DELETE still checks, so it
+    is correct on its own. Several reapers at once are harmless: the later one
+    deletes nothing."""
     pick = (
         select(key)
-        .where(table.c.expires_at <= now())
+        .where(table.c.expires_at <= bindparam("cutoff", type_=DateTime()))
         .order_by(table.c.expires_at)
         .limit(bindparam("batch", type_=Integer))
     )

@@ -414,23 +414,23 @@ class Store:
 
         return self._run("looking up a lease", attempt)
 
-    def release_node(self, node_id: str) -> int:
+    def release_node(self, node_id: str) -> dict[int, int]:
         """Delete every lock and waiter row of ``node_id``, one customer per
         transaction (each writes its sentinel, like any release); return the
-        number of lock rows deleted."""
+        number of lock rows deleted per customer touched."""
 
         def customers(connection: Connection, _number: int) -> list[int]:
             found = connection.execute(NODE_CUSTOMERS, {"o_node": node_id}).scalars().all()
             connection.rollback()
             return sorted(int(customer_id) for customer_id in found)
 
-        return sum(
-            self._run(
+        return {
+            customer_id: self._run(
                 "releasing a node's locks",
                 functools.partial(self._release_node_of, customer_id, node_id),
             )
             for customer_id in self._run("finding a node's locks", customers)
-        )
+        }
 
     def _release_node_of(
         self, customer_id: int, node_id: str, connection: Connection, _number: int
@@ -442,25 +442,33 @@ class Store:
         connection.commit()
         return deleted
 
-    def reap(self, batch_size: int) -> tuple[int, int]:
-        """Delete expired lock rows and dead waiter rows, ``batch_size`` rows
-        per transaction, until none are left; return (locks, waiters) deleted.
+    def reap(self, batch_size: int, stop: Callable[[], bool]) -> tuple[int, int]:
+        """Delete the lock rows and waiter rows that had expired when the run
+        began, ``batch_size`` rows per transaction, until none are left or
+        ``stop()`` says so; return (locks, waiters) deleted.
 
         No sentinel is written: an expired row already blocks nobody, so
         deleting it changes no grant, and short batches never hold many row
         locks at a time."""
+        cutoff = self.database_time().replace(tzinfo=None)  # DATETIME columns are naive UTC
         return (
-            self._reap_table("reaping expired locks", REAP_LOCKS, batch_size),
-            self._reap_table("reaping dead waiters", REAP_WAITERS, batch_size),
+            self._reap_table("reaping expired locks", REAP_LOCKS, batch_size, cutoff, stop),
+            self._reap_table("reaping dead waiters", REAP_WAITERS, batch_size, cutoff, stop),
         )
 
     def _reap_table(
-        self, action: str, statements: tuple[Select[Any], Delete], batch_size: int
+        self,
+        action: str,
+        statements: tuple[Select[Any], Delete],
+        batch_size: int,
+        cutoff: datetime,
+        stop: Callable[[], bool],
     ) -> int:
         pick, remove = statements
+        parameters = {"batch": batch_size, "cutoff": cutoff}
 
         def batch(connection: Connection, _number: int) -> tuple[int, int]:
-            ids = sorted(connection.execute(pick, {"batch": batch_size}).scalars())
+            ids = sorted(connection.execute(pick, parameters).scalars())
             if not ids:
                 connection.rollback()
                 return 0, 0
@@ -469,11 +477,12 @@ class Store:
             return len(ids), deleted
 
         total = 0
-        while True:
+        while not stop():
             picked, deleted = self._run(action, batch)
             total += deleted
             if picked < batch_size:
-                return total
+                break
+        return total
 
 
 _NO_SUCH_TABLE = 1146
