@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, pool
 import pathlock.schema
 
 URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
-VERSION_TABLE = "pathlock_alembic_version"
+VERSION_TABLE = pathlock.schema.VERSION_TABLE
 
 config = context.config
 target_metadata = pathlock.schema.metadata

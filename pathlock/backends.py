@@ -25,6 +25,7 @@ from sqlalchemy import URL, Engine, create_engine, event, inspect, make_url, tex
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
+from pathlock.schema import REVISION, VERSION_TABLE
 
 URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
 SUPPORTED_DIALECTS = ("mysql", "mariadb", "sqlite")
@@ -158,17 +159,17 @@ def upgrade_sqlite_schema(engine: Engine) -> None:
     migrations unless they are at head already. The check and the upgrade run
     in one IMMEDIATE transaction, so processes that open a new file at once
     create its tables once."""
-    from pathlock import migrate  # noqa: PLC0415 - Alembic only when needed
-
     try:
         with engine.connect() as connection:
-            if inspect(connection).has_table(migrate.VERSION_TABLE):
+            if inspect(connection).has_table(VERSION_TABLE):
                 current = connection.execute(
-                    text(f"SELECT version_num FROM {migrate.VERSION_TABLE}")
+                    text(f"SELECT version_num FROM {VERSION_TABLE}")
                 ).scalar()
-                if current == migrate.head_revision():
+                if current == REVISION:
                     connection.rollback()
                     return
+            from pathlock import migrate  # noqa: PLC0415 - Alembic only when needed
+
             migrate.upgrade(connection=connection)
             connection.commit()
     except SQLAlchemyError as error:

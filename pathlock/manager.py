@@ -46,8 +46,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REAP_INTERVAL = reaper.INTERVAL  # TEMP: cli.py still imports these names
-REAP_BATCH_SIZE = reaper.BATCH_SIZE
+
+def _requester(requested_by: object) -> str:
+    """``, requested by X`` for the audit line of an operator action."""
+    if not isinstance(requested_by, str):
+        raise ArgumentTypeError(f"requested_by must be a str, got {type(requested_by).__name__}")
+    return f", requested by {validation.reason(requested_by)}" if requested_by else ""
+
+
+def _paths(count: int) -> str:
+    return f"{count} path" if count == 1 else f"{count} paths"
 
 
 class PathLockManager:
@@ -237,34 +245,38 @@ class PathLockManager:
         self._check_open()
         return self._reaper.add(scheduler, interval, batch_size, job_id)
 
-    def release_lease(self, lease_id: str) -> int:
+    def release_lease(self, lease_id: str, *, requested_by: str = "") -> int:
         """Delete the rows of any lease, by its id: the operator's escape hatch
         for a holder that hangs. Returns the number of paths released (0 if the
-        lease does not exist). Logged as a WARNING. The holder finds out at its
-        next renewal (its lease is lost) and must not rely on the lock after."""
+        lease does not exist). Logged as a WARNING naming ``requested_by`` (who
+        asked). The holder finds out at its next renewal (its lease is lost) and
+        must not rely on the lock after."""
         lease_id = validation.lease_id(lease_id)
+        who = _requester(requested_by)
         self._check_open()
         customer_id = self._store.lease_customer(lease_id)
         if customer_id is None:
-            log.warning("release of lease %s requested: no such lease", lease_id)
+            log.warning("nothing released: no lease %s%s", lease_id, who)
             return 0
         try:
             deleted = self._store.release(customer_id, lease_id)
         finally:
             self._wakeups.notify(customer_id)
         log.warning(
-            "released lease %s of customer %d (%d paths) on request", lease_id, customer_id, deleted
+            "released %s of lease %s (customer %d)%s", _paths(deleted), lease_id, customer_id, who
         )
         return deleted
 
-    def release_node(self, node_id: str) -> int:
+    def release_node(self, node_id: str, *, requested_by: str = "") -> int:
         """Delete every lock and waiter row of ``node_id``: clean-up after a
         node that died. Returns the number of paths released; logged as a
-        WARNING. Live holders on that node lose their leases."""
+        WARNING naming ``requested_by``. Live holders on that node lose their
+        leases."""
         node_id = validation.node_id(node_id)
+        who = _requester(requested_by)
         self._check_open()
         deleted = self._release_node(node_id)
-        log.warning("released %d paths of node %r on request", deleted, node_id)
+        log.warning("released %s of node %r%s", _paths(deleted), node_id, who)
         return deleted
 
     def close(self) -> None:

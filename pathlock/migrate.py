@@ -23,8 +23,6 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock.errors import BackendError, PathLockError
 
-VERSION_TABLE = "pathlock_alembic_version"
-
 
 def script_location() -> Path:
     """The directory holding ``env.py`` and ``versions/``: inside the installed

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import FetchedValue
 
+REVISION = "0001"
+"""The Alembic revision these tables correspond to (a test checks it is the
+newest one shipped): lets a SQLite database be checked without loading Alembic."""
+VERSION_TABLE = "pathlock_alembic_version"
+
 # Deterministic constraint names, so migrations can refer to them.
 metadata = MetaData(
     naming_convention={

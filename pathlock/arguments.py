@@ -1,0 +1,385 @@
+"""The command line's arguments: the parser, its help texts and the checks
+of option values.
+
+It only describes what ``pathlock`` accepts; :mod:`pathlock.cli` does the work.
+Each subcommand's parser records its name in ``args.subcommand``, the exit
+status for a failure of pathlock itself in ``args.failure_status`` and its own
+``error`` method in ``args.usage_error``, for usage errors found after parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from importlib import metadata
+from typing import NoReturn
+
+from pathlock import reaper, validation
+from pathlock.backends import URL_ENV_VAR, default_sqlite_path
+from pathlock.errors import PathLockError
+from pathlock.runner import (
+    EXIT_FAILURE,
+    EXIT_LEASE_LOST,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+    FENCING_TOKEN_VAR,
+    LEASE_ID_VAR,
+)
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+DEFAULT_KILL_GRACE = 5.0
+
+MAIN_EPILOG = f"""\
+examples:
+  pathlock lock --customer 42 /Shared/reports -- ./rebuild-reports.sh
+  pathlock ls --tree
+  pathlock release 5f0c3e0d9b6a4c1e8a2f7d3b1c9e6a40
+  pathlock reap --quiet                  # from cron
+  pathlock db upgrade --sql > pathlock.sql
+
+The database is --database-url URL (e.g. mysql+pymysql://user:password@db-host/app),
+else ${URL_ENV_VAR}, else the embedded SQLite file
+{default_sqlite_path()}, for locks among the processes of one host.
+Every subcommand has --help, with examples.
+"""
+
+LOCK_EPILOG = f"""\
+examples:
+  pathlock lock --customer 42 /Shared/target --shared /Shared/source -- cp -r src dst
+  pathlock lock --timeout 10 --reason "nightly export" /exports -- ./export.sh --all
+
+The command runs without a shell, with {LEASE_ID_VAR} and {FENCING_TOKEN_VAR}
+in its environment (pass the token to storage that fences stale writers).
+SIGHUP, SIGINT and SIGTERM stop the wait for the locks, or are forwarded to the
+command while it runs; the locks are released when it exits.
+
+exit status:
+  N    the command's own exit status (128+N if it died of signal N)
+  {EXIT_LEASE_LOST}  the lease was lost while the command ran; the command was stopped
+       (SIGTERM, then SIGKILL after --kill-grace seconds)
+  {EXIT_TIMEOUT}  the locks were not granted within --timeout
+  {EXIT_FAILURE}  pathlock itself failed (invalid path, database unreachable, ...)
+  {EXIT_NOT_EXECUTABLE}  the command was found but could not be run
+  {EXIT_NOT_FOUND}  the command was not found
+  128+N  pathlock received signal N while waiting for the locks
+"""
+
+LS_EPILOG = """\
+examples:
+  pathlock ls                       # every customer's locks, as a table
+  pathlock ls --customer 42 --tree  # one customer's locked paths as a tree
+  pathlock ls --json | jq '.[] | select(.expires_in_seconds < 5)'
+
+Ages and times left are measured by the database's clock.
+"""
+
+RELEASE_EPILOG = """\
+examples:
+  pathlock release 5f0c3e0d9b6a4c1e8a2f7d3b1c9e6a40   # one lease, id from `pathlock ls`
+  pathlock release --node web-3 --yes                 # everything a dead node held
+
+The holder learns that its lease is lost at its next renewal. Each release is
+logged with the user and host that asked for it. Exit status: 0 if something
+was released, 1 if nothing matched.
+"""
+
+REAP_EPILOG = f"""\
+examples:
+  pathlock reap
+  */5 * * * *  pathlock reap --quiet --database-url mysql+pymysql://pathlock@db/app
+
+Deletes expired lock rows and dead waiter rows, {reaper.BATCH_SIZE} per transaction by
+default; expired rows block nobody, this only keeps the tables small. Exit
+status: 0, or 1 on failure.
+"""
+
+REAPER_EPILOG = """\
+examples:
+  pathlock reaper --interval 60 -v
+
+Runs `pathlock reap` every --interval seconds (with 10 % jitter, the first run
+at once) until SIGTERM or SIGINT, then exits 0. Any number of nodes may reap
+at once.
+"""
+
+DB_UPGRADE_EPILOG = """\
+examples:
+  pathlock db upgrade --database-url mysql+pymysql://admin@db-host/app
+  pathlock db upgrade --sql --database-url mysql+pymysql://db-host/app > pathlock.sql
+
+With --sql nothing connects: the URL only names the SQL dialect to print.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line, like every error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"pathlock: error: {message} (see '{self.prog} --help')\n")
+
+
+# -- argument types -----------------------------------------------------------------
+
+
+def _number(text: str) -> float:
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"not a finite number of seconds: {text!r}")
+    return number
+
+
+def _seconds(text: str) -> float:
+    number = _number(text)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, got {text}")
+    return number
+
+
+def _positive_seconds(text: str) -> float:
+    number = _number(text)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return number
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"not a count of 1 or more: {text!r}")
+    return count
+
+
+def _customer(text: str) -> int:
+    try:
+        return validation.customer_id(int(text))
+    except (ValueError, PathLockError):
+        raise argparse.ArgumentTypeError(
+            f"not a customer id (0 to {validation.MAX_CUSTOMER_ID}): {text!r}"
+        ) from None
+
+
+# -- the parser -----------------------------------------------------------------------
+
+
+def _common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options every subcommand takes, before or after its name. Only the
+    top-level parser has defaults: a subcommand's would overwrite a value
+    given before the subcommand's name."""
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None if defaults else argparse.SUPPRESS,
+        help=f"SQLAlchemy URL of the database (default: ${URL_ENV_VAR}, else the "
+        "embedded SQLite file)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="log progress to stderr; by default only warnings and errors",
+    )
+
+
+def _subcommand(
+    subparsers: argparse._SubParsersAction[_Parser],
+    name: str,
+    *,
+    summary: str,
+    epilog: str,
+) -> _Parser:
+    parser = subparsers.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    _common_options(parser, defaults=False)
+    parser.set_defaults(subcommand=name, usage_error=parser.error, failure_status=EXIT_ERROR)
+    return parser
+
+
+def _node_id_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-id",
+        metavar="ID",
+        help="this node's name, stored with its locks (default: the host name)",
+    )
+
+
+def _batch_size_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batch-size",
+        type=_count,
+        default=reaper.BATCH_SIZE,
+        metavar="N",
+        help=f"rows per transaction (default: {reaper.BATCH_SIZE})",
+    )
+
+
+def _add_lock(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = _subcommand(
+        subparsers,
+        "lock",
+        summary="run a command while holding locks on paths, like flock(1)",
+        epilog=LOCK_EPILOG,
+    )
+    parser.usage = "%(prog)s [options] [PATH ...] [--shared PATH ...] -- COMMAND [ARG ...]"
+    parser.set_defaults(failure_status=EXIT_FAILURE)
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="a path to lock exclusive")
+    parser.add_argument(
+        "--shared",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a path to lock shared (repeatable)",
+    )
+    parser.add_argument(
+        "--customer", type=_customer, default=0, metavar="N", help="the customer id (default: 0)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="S",
+        help=f"give up (exit {EXIT_TIMEOUT}) if the locks are not granted within S seconds "
+        "(default: wait without limit)",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=_positive_seconds,
+        metavar="S",
+        help="lease duration: how long the paths stay locked if this machine dies "
+        "(default: 30; renewed while the command runs)",
+    )
+    parser.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="shown to operators by `pathlock ls` (default: the command line)",
+    )
+    parser.add_argument(
+        "--kill-grace",
+        type=_seconds,
+        default=DEFAULT_KILL_GRACE,
+        metavar="S",
+        help="if the lease is lost: seconds between SIGTERM and SIGKILL to the command "
+        f"(default: {DEFAULT_KILL_GRACE:g})",
+    )
+    _node_id_option(parser)
+
+
+def _add_ls(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = _subcommand(
+        subparsers, "ls", summary="list held locks and waiting requests", epilog=LS_EPILOG
+    )
+    parser.add_argument(
+        "--customer", type=_customer, metavar="N", help="only this customer (default: all)"
+    )
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--tree", action="store_true", help="draw each customer's paths as a tree")
+    shape.add_argument("--json", action="store_true", help="a JSON array, for scripts")
+    parser.add_argument(
+        "--expired", action="store_true", help="include expired locks not yet reaped"
+    )
+
+
+def _add_release(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = _subcommand(
+        subparsers,
+        "release",
+        summary="release a lease, or every lock of a node, on an operator's request",
+        epilog=RELEASE_EPILOG,
+    )
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("lease_id", nargs="?", metavar="LEASE_ID", help="the lease to release")
+    which.add_argument("--node", metavar="NODE_ID", help="release every lock of this node")
+    parser.add_argument("--yes", action="store_true", help="confirm --node")
+
+
+def _add_reap(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = _subcommand(
+        subparsers, "reap", summary="delete expired locks once", epilog=REAP_EPILOG
+    )
+    _batch_size_option(parser)
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print nothing unless it fails, and then only the error",
+    )
+
+
+def _add_reaper(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = _subcommand(
+        subparsers,
+        "reaper",
+        summary="delete expired locks periodically, in the foreground",
+        epilog=REAPER_EPILOG,
+    )
+    parser.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=reaper.INTERVAL,
+        metavar="S",
+        help=f"seconds between runs (default: {reaper.INTERVAL:g})",
+    )
+    _batch_size_option(parser)
+    _node_id_option(parser)
+
+
+def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    db = subparsers.add_parser(
+        "db",
+        help="manage pathlock's tables",
+        description="Manage pathlock's tables.",
+        epilog=DB_UPGRADE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = db.add_subparsers(title="actions", required=True, metavar="ACTION")
+    parser = _subcommand(
+        actions,
+        "upgrade",
+        summary="create or upgrade pathlock's tables (Alembic migrations)",
+        epilog=DB_UPGRADE_EPILOG,
+    )
+    parser.set_defaults(subcommand="db upgrade")
+    parser.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    parser.add_argument(
+        "--revision", default="head", metavar="REV", help="target revision (default: head)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (``pathlock --help`` shows it)."""
+    parser = _Parser(
+        prog="pathlock",
+        description="Hierarchical path locks kept in your MySQL/MariaDB database "
+        "(or, on one host, in an embedded SQLite file).",
+        epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"pathlock {_version()}")
+    _common_options(parser, defaults=True)
+    subparsers = parser.add_subparsers(
+        title="subcommands", required=True, metavar="SUBCOMMAND", parser_class=_Parser
+    )
+    for add in (_add_lock, _add_ls, _add_release, _add_reap, _add_reaper, _add_db):
+        add(subparsers)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pathlock")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"

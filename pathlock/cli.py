@@ -1,0 +1,240 @@
+"""The ``pathlock`` command line: lock around a command, list, release, reap, migrate.
+
+What it accepts is :mod:`pathlock.arguments`; each subcommand here is a thin
+layer over :class:`PathLockManager` (``lock`` over :mod:`pathlock.runner`,
+``ls`` over :mod:`pathlock.listing`). Results go to
+stdout; everything else goes through logging to stderr, one line per message
+starting with ``pathlock:``, so an error is one line, never a traceback. This
+module is the one place in pathlock that configures logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import os
+import shlex
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from pathlock import listing
+from pathlock.arguments import EXIT_ERROR, build_parser
+from pathlock.backends import default_database_url
+from pathlock.errors import PathLockError
+from pathlock.manager import PathLockManager
+from pathlock.runner import LockRequest, run_locked
+from pathlock.schema import REASON_LENGTH
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+# The command line's own loggers: their messages read as sentences on stderr;
+# records of the library and of other packages carry their level.
+_OWN_LOGGERS = frozenset({__name__, "pathlock.runner"})
+# What --verbose shows: pathlock's progress, each run of the reaper's
+# scheduler and each migration step, not Alembic's or APScheduler's set-up.
+_VERBOSE_LOGGERS = ("pathlock", "apscheduler.executors", "alembic.runtime.migration")
+
+
+class _Formatter(logging.Formatter):
+    """``pathlock: ...`` on one line: errors say ``error:``, the command
+    line's own messages need no more, other records say their level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno >= logging.ERROR:
+            level = "error: "
+        elif record.name in _OWN_LOGGERS:
+            level = ""
+        else:
+            level = f"{record.levelname.lower()}: "
+        text = f"pathlock: {level}{record.getMessage()}"
+        if record.exc_info:  # only the library's unexpected failures (bugs) carry one
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+# -- the subcommands -----------------------------------------------------------------
+
+
+def _manager(args: argparse.Namespace) -> PathLockManager:
+    # No URL means the manager's default: $PATHLOCK_DATABASE_URL or SQLite.
+    return PathLockManager(args.database_url, node_id=getattr(args, "node_id", None))
+
+
+def _default_reason(command: Sequence[str]) -> str:
+    """The command line, as a shell would quote it, cut to the column's size.
+    Arguments that are not valid UTF-8 show their bytes escaped."""
+    text = (
+        shlex.join(command).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    )
+    return text if len(text) <= REASON_LENGTH else text[: REASON_LENGTH - 1] + "…"
+
+
+def _lock(args: argparse.Namespace) -> int:
+    if not args.command:
+        args.usage_error("give the command to run after --")
+    if not args.paths and not args.shared:
+        args.usage_error("give at least one PATH or --shared PATH to lock")
+    request = LockRequest(
+        exclusive=args.paths,
+        shared=args.shared,
+        timeout=args.timeout,
+        ttl=args.ttl,
+        reason=_default_reason(args.command) if args.reason is None else args.reason,
+        command=args.command,
+        kill_grace=args.kill_grace,
+    )
+    with _manager(args) as manager:
+        return run_locked(manager.for_customer(args.customer), request)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    with _manager(args) as manager:
+        locks = manager.list_locks(args.customer, include_expired=args.expired)
+        waiters = manager.list_waiters(args.customer)
+        # Read after the rows, so no age is negative.
+        now = manager.database_time()
+    rows = listing.entries(locks, waiters, now)
+    if args.json:
+        _write(listing.as_json(rows, now))
+    elif not rows:
+        scope = "" if args.customer is None else f" for customer {args.customer}"
+        _write(f"no locks{scope}" + (" (expired ones included)" if args.expired else ""))
+    else:
+        _write(*(listing.tree(rows, now) if args.tree else listing.table(rows, now)))
+    return EXIT_OK
+
+
+def _requested_by() -> str:
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (containers)
+        user = f"uid {os.getuid()}"
+    return f"{user} on {socket.gethostname()}"
+
+
+def _release(args: argparse.Namespace) -> int:
+    if args.node is not None and not args.yes:
+        args.usage_error(
+            f"--node releases every lock of node {args.node!r} for every customer; "
+            "add --yes to confirm"
+        )
+    # The library logs the audit record (a WARNING naming who asked).
+    with _manager(args) as manager:
+        if args.lease_id is not None:
+            released = manager.release_lease(args.lease_id, requested_by=_requested_by())
+        else:
+            released = manager.release_node(args.node, requested_by=_requested_by())
+    return EXIT_OK if released else EXIT_ERROR
+
+
+def _reap(args: argparse.Namespace) -> int:
+    with _manager(args) as manager:
+        started = time.monotonic()
+        deleted = manager.reap_expired(batch_size=args.batch_size)
+        elapsed = time.monotonic() - started
+    if not args.quiet:
+        _write(f"pathlock reap: deleted {deleted} expired rows in {elapsed:.2f} s")
+    return EXIT_OK
+
+
+def _reaper(args: argparse.Namespace) -> int:
+    stop = {signal.SIGINT, signal.SIGTERM}
+    # Block the stop signals before the scheduler starts its threads, which
+    # inherit the mask: only sigwait() below receives them, so a stop never
+    # strikes in the middle of a run, and close() lets a run in progress end.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        with _manager(args) as manager:
+            manager.start_reaper(args.interval, batch_size=args.batch_size)
+            log.info("reaping every %g s until SIGTERM or SIGINT", args.interval)
+            received = signal.sigwait(stop)
+            log.info("%s received: stopping", signal.Signals(received).name)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return EXIT_OK
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from pathlock import migrate  # noqa: PLC0415 - Alembic is slow to import; only this needs it
+
+    url = args.database_url or default_database_url()
+    migrate.upgrade(url, sql=args.sql, revision=args.revision, output=sys.stdout)
+    if not args.sql:
+        _write(f"pathlock db upgrade: the database is at revision {args.revision}")
+    return EXIT_OK
+
+
+# -- running it -----------------------------------------------------------------------
+
+
+_SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "lock": _lock,
+    "ls": _ls,
+    "release": _release,
+    "reap": _reap,
+    "reaper": _reaper,
+    "db upgrade": _db_upgrade,
+}
+
+
+def _write(*lines: str) -> None:
+    """The one place results are printed: stdout, a line each."""
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """pathlock's arguments, and the command after the first ``--`` (argparse's
+    REMAINDER would take a command's own options for pathlock's)."""
+    if "--" not in argv:
+        return argv, []
+    split = argv.index("--")
+    return argv[:split], argv[split + 1 :]
+
+
+def _logging_handler(verbose: bool, quiet: bool) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    if quiet:  # for cron: a failure is one line, without the retries before it
+        handler.setLevel(logging.ERROR)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    if verbose:
+        for name in _VERBOSE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
+    return handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return its exit status."""
+    arguments, command = _split_command(sys.argv[1:] if argv is None else list(argv))
+    parser = build_parser()
+    args = parser.parse_args(arguments)
+    args.command = command
+    if command and args.subcommand != "lock":
+        parser.error("only `pathlock lock` takes a command after --")
+    handler = _logging_handler(args.verbose, getattr(args, "quiet", False))
+    try:
+        status = _SUBCOMMANDS[args.subcommand](args)
+    except PathLockError as error:
+        log.error("%s", error)  # noqa: TRY400 - one line, no traceback, is the point
+        return int(args.failure_status)
+    except KeyboardInterrupt:
+        log.error("interrupted")  # noqa: TRY400
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (`pathlock ls | head`): nothing more
+        # to say to anyone; keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return status

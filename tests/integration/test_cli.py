@@ -1,0 +1,594 @@
+"""The ``pathlock`` command line, run as real processes against every backend.
+
+Each test runs ``python -m pathlock ...`` with an explicit ``--database-url``
+and works in its own random customer; every outcome is checked in the
+database independently, through ``raw_engine``. Commands run under ``lock`` are
+small Python programs that leave files behind (their environment, the signals
+they saw), so the test reads what the child saw without sharing its pipes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, Row, delete, select
+
+from pathlock import CustomerLocks, PathLockManager
+from pathlock.backends import URL_ENV_VAR
+from pathlock.cli import main
+from pathlock.schema import customer_locks, path_locks
+
+pytestmark = pytest.mark.timeout(60)
+
+PATHLOCK = (sys.executable, "-m", "pathlock")
+WAIT = 15.0  # seconds for anything that should happen promptly (process start-up included)
+
+# A command that records its lease in a file and then sleeps; on SIGTERM it
+# notes the signal and dies of it (the default action, re-raised).
+SLEEPER = """
+import os, signal, sys, time
+from pathlib import Path
+def on_term(signum, frame):
+    Path(sys.argv[2]).write_text(str(signum))
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+signal.signal(signal.SIGTERM, on_term)
+Path(sys.argv[1] + ".tmp").write_text(
+    os.environ["PATHLOCK_LEASE_ID"] + " " + os.environ["PATHLOCK_FENCING_TOKEN"]
+)
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+# Like SLEEPER, but it survives SIGTERM (noting it): only SIGKILL stops it.
+STUBBORN = SLEEPER.replace(
+    "    signal.signal(signum, signal.SIG_DFL)\n    os.kill(os.getpid(), signum)\n", ""
+)
+
+# Errors of arguments are found before any connection is made.
+NEVER_CONTACTED = "mysql+pymysql://nobody@127.0.0.1:1/none"
+
+TOUCH = "import sys; from pathlib import Path; Path(sys.argv[1]).touch()"
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _environment() -> dict[str, str]:
+    environment = dict(os.environ)
+    environment.pop(URL_ENV_VAR, None)  # every test names its database
+    return environment
+
+
+def pathlock(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PATHLOCK, *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 2,
+        env=_environment(),
+        check=False,
+    )
+
+
+def python(code: str, *args: str | Path) -> list[str]:
+    """The argv of a Python one-off, for ``pathlock lock ... --``."""
+    return [sys.executable, "-c", code, *map(str, args)]
+
+
+class Running:
+    """A pathlock process in the background, its stderr collected line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [*PATHLOCK, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(),
+            # Its own process group, shared with its command: a failed test
+            # kills both at once (see spawn) and leaves no sleeper behind.
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        stream = self.process.stderr
+        assert stream is not None
+        with stream:
+            for line in stream:
+                self.lines.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, text: str) -> None:
+        _wait_until(lambda: text in self.stderr, f"line {text!r} from pathlock", self)
+
+    def finish(self) -> int:
+        try:
+            status = self.process.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"pathlock did not exit within {WAIT:g} s:\n{self.stderr}")
+        self._reader.join(WAIT)
+        return status
+
+
+Spawn = Callable[..., Running]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start pathlock processes in the background; kill any left running."""
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        started.append(Running(*args))
+        return started[-1]
+
+    yield start
+    for running in started:
+        with contextlib.suppress(ProcessLookupError):  # all gone already
+            os.killpg(running.process.pid, signal.SIGKILL)
+        running.process.wait()
+
+
+def _wait_until(condition: Callable[[], bool], what: str, running: Running | None = None) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() >= deadline:
+            output = f"; pathlock said:\n{running.stderr}" if running is not None else ""
+            pytest.fail(f"no {what} within {WAIT:g} s{output}", pytrace=False)
+        time.sleep(0.02)
+
+
+def _rows(engine: Engine, customer_id: int) -> list[Row[Any]]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(path_locks).where(path_locks.c.customer_id == customer_id)
+        ).all()
+        connection.rollback()
+    return list(rows)
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("pathlock: error: "), result.stderr
+    return lines[0]
+
+
+def _lock_row(customer_id: int, path: str, now: datetime, expires_in: float) -> dict[str, Any]:
+    """A path_locks row expiring ``expires_in`` seconds after ``now`` (database
+    time, stored as naive UTC; negative: expired already)."""
+    now = now.replace(tzinfo=None)
+    return {
+        "customer_id": customer_id,
+        "lease_id": secrets.token_hex(16),
+        "path": path,
+        "mode": "exclusive",
+        "node_id": "test-cli-direct",
+        "pid": 4242,
+        "thread": "1",
+        "reason": "inserted by test_cli",
+        "fencing_token": 1,
+        "created_at": now - timedelta(minutes=10),
+        "expires_at": now + timedelta(seconds=expires_in),
+    }
+
+
+@pytest.fixture
+def inserted(raw_engine: Engine, customer_id: int) -> Iterator[Callable[..., None]]:
+    """Insert path_locks rows of the test's customer directly; delete them after."""
+
+    def insert(*rows: dict[str, Any]) -> None:
+        with raw_engine.begin() as connection:
+            connection.execute(path_locks.insert(), list(rows))
+
+    yield insert
+    with raw_engine.begin() as connection:
+        connection.execute(delete(path_locks).where(path_locks.c.customer_id == customer_id))
+
+
+# -- lock ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("pass", 0),
+        ("raise SystemExit(3)", 3),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + signal.SIGKILL),
+    ],
+    ids=["zero", "three", "killed"],
+)
+def test_lock_passes_the_commands_exit_status_through(
+    database_url: str, raw_engine: Engine, customer_id: int, code: str, status: int
+) -> None:
+    result = pathlock(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "/jobs/one", "--", *python(code),
+    )  # fmt: skip
+    assert result.returncode == status, result.stderr
+    assert result.stderr == ""
+    assert _rows(raw_engine, customer_id) == []
+
+
+def test_lock_hands_the_lease_to_the_command_and_forwards_sigterm(
+    database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path, spawn: Spawn
+) -> None:
+    seen, signalled = tmp_path / "lease", tmp_path / "signalled"
+    running = spawn(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "/reports", "--shared", "/templates", "--", *python(SLEEPER, seen, signalled),
+    )  # fmt: skip
+    _wait_until(seen.exists, "lease seen by the command", running)
+    lease_id, token = seen.read_text().split()
+    rows = _rows(raw_engine, customer_id)
+    assert sorted((row.path, row.mode) for row in rows) == [
+        ("/reports", "exclusive"),
+        ("/templates", "shared"),
+    ]
+    assert {row.lease_id for row in rows} == {lease_id}
+    assert {row.fencing_token for row in rows} == {int(token)}
+    assert {row.reason for row in rows} == {shlex.join(python(SLEEPER, seen, signalled))}
+
+    running.process.send_signal(signal.SIGTERM)
+    assert running.finish() == 128 + signal.SIGTERM, running.stderr
+    assert signalled.read_text() == str(int(signal.SIGTERM))
+    assert _rows(raw_engine, customer_id) == []
+
+
+def test_lock_gives_up_with_124_after_its_timeout(
+    database_url: str, raw_engine: Engine, customer_id: int, locks: CustomerLocks, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    with locks.lock_paths("/busy", reason="holder") as holder:
+        result = pathlock(
+            "lock", "--database-url", database_url, "--customer", str(customer_id),
+            "--timeout", "0.3", "/busy/inside", "--", *python(TOUCH, ran),
+        )  # fmt: skip
+        assert result.returncode == 124, result.stderr
+        line = _one_line_error(result)
+        assert "/busy/inside" in line
+        assert "test-node" in line  # who is in the way
+        assert "'holder'" in line
+        assert {row.lease_id for row in _rows(raw_engine, customer_id)} == {holder.lease_id}
+    assert not ran.exists()
+
+
+def test_lock_of_an_invalid_path_fails_with_125_and_writes_nothing(
+    database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    result = pathlock(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "/fine", "not/absolute", "--", *python(TOUCH, ran),
+    )  # fmt: skip
+    assert result.returncode == 125
+    assert "invalid path 'not/absolute'" in _one_line_error(result)
+    assert not ran.exists()
+    assert _rows(raw_engine, customer_id) == []
+    with raw_engine.connect() as connection:
+        sentinel = connection.execute(
+            select(customer_locks).where(customer_locks.c.customer_id == customer_id)
+        ).all()
+    assert sentinel == []
+
+
+@pytest.mark.parametrize(
+    ("command", "status"), [("missing", 127), ("not-executable", 126)], ids=["127", "126"]
+)
+def test_lock_of_a_command_that_cannot_run_says_so_and_releases(
+    database_url: str,
+    raw_engine: Engine,
+    customer_id: int,
+    tmp_path: Path,
+    command: str,
+    status: int,
+) -> None:
+    program = tmp_path / command
+    if command == "not-executable":
+        program.write_text("#!/bin/sh\n")
+        program.chmod(0o644)
+    result = pathlock(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "/jobs", "--", str(program), "--flag",
+    )  # fmt: skip
+    assert result.returncode == status
+    assert str(program) in _one_line_error(result)
+    assert _rows(raw_engine, customer_id) == []
+
+
+def test_sigterm_while_waiting_stops_waiting_and_holds_nothing(
+    database_url: str,
+    raw_engine: Engine,
+    customer_id: int,
+    locks: CustomerLocks,
+    tmp_path: Path,
+    spawn: Spawn,
+) -> None:
+    ran = tmp_path / "ran"
+    with locks.lock_paths("/busy") as holder:
+        running = spawn(
+            "lock", "-v", "--database-url", database_url, "--customer", str(customer_id),
+            "/busy/inside", "--", *python(TOUCH, ran),
+        )  # fmt: skip
+        running.wait_for_line("locking /busy/inside")
+        time.sleep(0.2)  # let it reach the wait (earlier is fine too: nothing is held yet)
+        running.process.send_signal(signal.SIGTERM)
+        assert running.finish() == 128 + signal.SIGTERM, running.stderr
+        assert "nothing is held" in running.stderr
+        assert {row.lease_id for row in _rows(raw_engine, customer_id)} == {holder.lease_id}
+    assert not ran.exists()
+
+
+def test_lost_lease_stops_the_command_and_exits_122(
+    database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path, spawn: Spawn
+) -> None:
+    seen, signalled = tmp_path / "lease", tmp_path / "signalled"
+    running = spawn(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "--ttl", "1.5", "--kill-grace", "0.5", "/doomed",
+        "--", *python(STUBBORN, seen, signalled),
+    )  # fmt: skip
+    _wait_until(seen.exists, "lease seen by the command", running)
+    lease_id = seen.read_text().split()[0]
+    started = time.monotonic()
+    with raw_engine.begin() as connection:  # an operator (or a reaper) behind its back
+        connection.execute(delete(path_locks).where(path_locks.c.lease_id == lease_id))
+
+    assert running.finish() == 122, running.stderr
+    # Noticed at the next renewal (ttl/3), then SIGTERM, ignored, then SIGKILL.
+    assert time.monotonic() - started < 5
+    assert signalled.read_text() == str(int(signal.SIGTERM))
+    errors = [line for line in running.lines if line.startswith("pathlock: error:")]
+    assert len(errors) == 1, running.stderr
+    assert f"lease {lease_id} lost: its rows were gone" in errors[0]
+    assert "SIGKILL in 0.5 s" in errors[0]
+    assert _rows(raw_engine, customer_id) == []
+
+
+# -- ls --------------------------------------------------------------------------------
+
+
+def test_ls_json_shows_each_held_path_with_its_lease(
+    database_url: str, customer_id: int, locks: CustomerLocks
+) -> None:
+    with locks.lock_paths("/Shared/a", shared=["/Shared/b"], reason="for ls") as lease:
+        result = pathlock(
+            "ls", "--database-url", database_url, "--customer", str(customer_id), "--json"
+        )
+    assert result.returncode == 0, result.stderr
+    entries = json.loads(result.stdout)
+    assert [(entry["path"], entry["mode"]) for entry in entries] == [
+        ("/Shared/a", "exclusive"),
+        ("/Shared/b", "shared"),
+    ]
+    for entry in entries:
+        assert entry["customer_id"] == customer_id
+        assert entry["state"] == "held"
+        assert entry["lease_id"] == lease.lease_id
+        assert entry["fencing_token"] == lease.fencing_token
+        assert entry["owner"] == {
+            "node_id": "test-node",
+            "pid": os.getpid(),
+            "thread": lease.owner.thread,
+        }
+        assert entry["reason"] == "for ls"
+        created = datetime.fromisoformat(entry["created_at"])
+        expires = datetime.fromisoformat(entry["expires_at"])
+        assert entry["created_at"].endswith("Z")
+        assert created.utcoffset() == timedelta(0)
+        assert expires - created == timedelta(seconds=30)  # the manager's ttl, not renewed yet
+        assert 0 <= entry["age_seconds"] < WAIT
+        assert 30 - WAIT < entry["expires_in_seconds"] <= 30
+        assert entry["age_seconds"] + entry["expires_in_seconds"] == pytest.approx(30, abs=0.01)
+
+
+def test_ls_table_and_the_empty_listing(
+    database_url: str, customer_id: int, locks: CustomerLocks
+) -> None:
+    with locks.lock_paths("/Shared/a", reason="line\nbreak") as lease:
+        table = pathlock("ls", "--database-url", database_url, "--customer", str(customer_id))
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split() == [
+        "CUSTOMER", "PATH", "MODE", "STATE", "OWNER", "AGE", "LEFT", "TOKEN", "LEASE", "REASON",
+    ]  # fmt: skip
+    assert row.split()[:4] == [str(customer_id), "/Shared/a", "exclusive", "held"]
+    assert f"test-node pid {os.getpid()} thread {lease.owner.thread}" in row
+    assert row.split()[-3:] == [str(lease.fencing_token), lease.lease_id, "line\\nbreak"]
+    assert header.index("LEASE") == row.index(lease.lease_id)  # aligned
+
+    empty = pathlock("ls", "--database-url", database_url, "--customer", str(customer_id))
+    assert (empty.returncode, empty.stdout) == (0, f"no locks for customer {customer_id}\n")
+    empty_json = pathlock(
+        "ls", "--database-url", database_url, "--customer", str(customer_id), "--json"
+    )
+    assert json.loads(empty_json.stdout) == []
+
+
+def test_ls_tree_draws_the_locked_paths(
+    database_url: str, customer_id: int, locks: CustomerLocks
+) -> None:
+    with (
+        locks.lock_paths("/Shared/marketing/Dallas"),
+        locks.lock_paths(shared=["/Shared/QA", "/private"]),
+    ):
+        result = pathlock(
+            "ls", "--database-url", database_url, "--customer", str(customer_id), "--tree"
+        )
+    assert result.returncode == 0, result.stderr
+    owner = f"test-node pid {os.getpid()} thread {threading.get_native_id()}"
+    annotated = re.compile(r"(.*)  \[(exclusive|shared), " + re.escape(owner) + r", \S+ left\]$")
+    shown = [
+        f"{match.group(1)} <{match.group(2)}>" if (match := annotated.match(line)) else line
+        for line in result.stdout.splitlines()
+    ]
+    assert shown == [
+        f"customer {customer_id}",
+        "/",
+        "├── Shared",
+        "│   ├── QA <shared>",
+        "│   └── marketing",
+        "│       └── Dallas <exclusive>",
+        "└── private <shared>",
+    ]
+
+
+# -- release ---------------------------------------------------------------------------
+
+
+def test_release_of_a_lease_deletes_it_and_says_who_asked(
+    database_url: str, raw_engine: Engine, customer_id: int
+) -> None:
+    with PathLockManager(database_url, node_id="test-cli-holder", heartbeat=False) as holder:
+        lease = holder.for_customer(customer_id).lock_paths("/hung/job", "/hung/other")
+        result = pathlock("release", "--database-url", database_url, lease.lease_id)
+        assert result.returncode == 0, result.stderr
+        assert (
+            f"released 2 paths of lease {lease.lease_id} (customer {customer_id}), "
+            f"requested by {getpass.getuser()} on {socket.gethostname()}\n"
+        ) in result.stderr
+        assert _rows(raw_engine, customer_id) == []
+
+        again = pathlock("release", "--database-url", database_url, lease.lease_id)
+        assert again.returncode == 1
+        assert f"nothing released: no lease {lease.lease_id}, requested by " in again.stderr
+
+
+def test_release_of_a_node_needs_yes(
+    database_url: str, raw_engine: Engine, customer_id: int
+) -> None:
+    node = f"test-cli-{secrets.token_hex(6)}"
+    with PathLockManager(database_url, node_id=node, heartbeat=False) as holder:
+        holder.for_customer(customer_id).lock_paths("/dead/node/work")
+        refused = pathlock("release", "--database-url", database_url, "--node", node)
+        assert refused.returncode == 2
+        assert "add --yes" in _one_line_error(refused)
+        assert len(_rows(raw_engine, customer_id)) == 1
+
+        result = pathlock("release", "--database-url", database_url, "--node", node, "--yes")
+        assert result.returncode == 0, result.stderr
+        assert f"released 1 path of node {node!r}, requested by " in result.stderr
+        assert _rows(raw_engine, customer_id) == []
+
+
+# -- reap and reaper --------------------------------------------------------------------
+
+
+def test_reap_deletes_exactly_the_expired_rows(
+    database_url: str,
+    raw_engine: Engine,
+    customer_id: int,
+    manager: PathLockManager,
+    inserted: Callable[..., None],
+) -> None:
+    now = manager.database_time()
+    live = _lock_row(customer_id, "/live", now, 600)
+    inserted(_lock_row(customer_id, "/old/a", now, -60), _lock_row(customer_id, "/old/b", now, -1))
+    inserted(live)
+
+    result = pathlock("reap", "--database-url", database_url, "--batch-size", "1")
+    assert result.returncode == 0, result.stderr
+    match = re.fullmatch(
+        r"pathlock reap: deleted (\d+) expired rows in \d+\.\d\d s\n", result.stdout
+    )
+    assert match, result.stdout
+    assert int(match.group(1)) >= 2  # other tests may leave expired rows of their own
+    assert [row.lease_id for row in _rows(raw_engine, customer_id)] == [live["lease_id"]]
+
+    quiet = pathlock("reap", "--database-url", database_url, "--quiet")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+
+
+def test_reaper_reaps_until_sigterm(
+    database_url: str,
+    raw_engine: Engine,
+    customer_id: int,
+    manager: PathLockManager,
+    inserted: Callable[..., None],
+    spawn: Spawn,
+) -> None:
+    inserted(_lock_row(customer_id, "/old", manager.database_time(), -1))
+    running = spawn("reaper", "--database-url", database_url, "--interval", "0.2", "-v")
+    _wait_until(lambda: _rows(raw_engine, customer_id) == [], "expired row reaped", running)
+    running.wait_for_line("executed successfully")  # logged per run with -v
+    running.process.send_signal(signal.SIGTERM)
+    assert running.finish() == 0, running.stderr
+    assert "SIGTERM received" in running.stderr
+    assert "error" not in running.stderr
+
+
+# -- db, help, version, errors -----------------------------------------------------------
+
+
+def test_db_upgrade_sql_prints_the_schema(database_url: str) -> None:
+    result = pathlock("db", "upgrade", "--sql", "--database-url", database_url)
+    assert result.returncode == 0, result.stderr
+    assert "CREATE TABLE path_locks" in result.stdout
+
+
+# Help and version are argparse alone: run in-process, they cost no start-up.
+
+
+@pytest.mark.parametrize(
+    "subcommand",
+    [[], ["lock"], ["ls"], ["release"], ["reap"], ["reaper"], ["db"], ["db", "upgrade"]],
+)
+def test_help_shows_examples(subcommand: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*subcommand, "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "\nexamples:\n  pathlock " in shown
+    if subcommand == ["lock"]:  # and its exit statuses
+        for status in ("122", "124", "125", "126", "127", "128+N"):
+            assert f"\n  {status} " in shown
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert re.fullmatch(r"pathlock \S+\n", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [
+        (["ls", "--database-url", "nosuch://host/db"], 1),
+        (["release", "--database-url", "{url}", "not-a-lease-id"], 1),
+        (["release", "--database-url", "{url}"], 2),
+        (["lock", "--database-url", "{url}", "/a"], 2),
+        (["ls", "--database-url", "{url}", "--customer", "-5"], 2),
+        (["ls", "--database-url", "{url}", "--", "true"], 2),
+        (["frobnicate"], 2),
+    ],
+)
+def test_errors_are_one_line(args: list[str], status: int) -> None:
+    result = pathlock(*(arg.replace("{url}", NEVER_CONTACTED) for arg in args))
+    assert result.returncode == status
+    _one_line_error(result)
