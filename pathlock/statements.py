@@ -90,12 +90,13 @@ class _Fenced(FunctionElement[int]):
 # SQLite keeps time as text ('YYYY-MM-DD HH:MM:SS.SSS', milliseconds); three
 # more digits give the six of SQLAlchemy's format, so stored and generated
 # values compare as strings in time order.
-_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now'{})  || '000'"
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now'{}) || '000'"
+_MYSQL_NOW = "UTC_TIMESTAMP(6)"
 
 
 @compiles(_Now)
 def _now_mysql(_element: _Now, _compiler: SQLCompiler, **_kw: Any) -> str:
-    return "UTC_TIMESTAMP(6)"
+    return _MYSQL_NOW
 
 
 @compiles(_Now, "sqlite")
@@ -105,7 +106,7 @@ def _now_sqlite(_element: _Now, _compiler: SQLCompiler, **_kw: Any) -> str:
 
 @compiles(_NowPlus)
 def _now_plus_mysql(element: _NowPlus, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"TIMESTAMPADD(MICROSECOND, {compiler.process(element.clauses, **kw)}, UTC_TIMESTAMP(6))"
+    return f"TIMESTAMPADD(MICROSECOND, {compiler.process(element.clauses, **kw)}, {_MYSQL_NOW})"
 
 
 @compiles(_NowPlus, "sqlite")
