@@ -7,6 +7,7 @@ through the MySQL/MariaDB database they already trust.
         ...  # nobody else edits those folders, their parents or anything inside them
 """
 
+from pathlock.customer import CustomerLocks
 from pathlock.errors import (
     ArgumentTypeError,
     BackendError,
@@ -18,15 +19,16 @@ from pathlock.errors import (
     PathLockError,
 )
 from pathlock.lease import Lease
-from pathlock.manager import CustomerLocks, PathLockManager
+from pathlock.manager import PathLockManager
 from pathlock.types import LockInfo, Mode, Owner, WaiterInfo
-from pathlock.waiting import ReverseExponentialBackoff, WaitPolicy
+from pathlock.waiting import ExponentialBackoff, ReverseExponentialBackoff, WaitPolicy
 
 __all__ = [
     "ArgumentTypeError",
     "BackendError",
     "CustomerLocks",
     "DeadlockDetected",
+    "ExponentialBackoff",
     "InvalidArgument",
     "InvalidPath",
     "Lease",

@@ -3,8 +3,8 @@
 - **MySQL / MariaDB** (``mysql+pymysql://...``): the production backend. Every
   transaction runs in READ COMMITTED (see :mod:`pathlock.store`).
 - **SQLite** (``sqlite:///path/to/file``): the embedded default, for one host.
-  Every transaction starts with ``BEGIN IMMEDIATE``, which takes the database's
-  single write lock up front: writers are serialized across all processes that
+  Every transaction that writes starts with ``BEGIN IMMEDIATE``, which takes
+  the database's single write lock up front: writers are serialized across all processes that
   open the file, which is what the per-customer sentinel gives on a server
   (only coarser). The file is in WAL mode, so readers never wait. Database time
   is the host's clock, shared by every process on it. pathlock owns such a
@@ -35,6 +35,10 @@ ISOLATION_LEVEL = "READ COMMITTED"
 # (which the store then retries). Transactions hold it for well under a
 # millisecond, so waiting long means something is wrong.
 SQLITE_BUSY_TIMEOUT = 10.0
+
+
+READ_ONLY = "pathlock_read_only"
+"""Execution option of a connection whose transaction only reads."""
 
 
 def default_sqlite_path() -> Path:
@@ -84,7 +88,16 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         check_dialect(url.get_backend_name())
         if url.get_backend_name() == "sqlite":
             return _sqlite_engine(url, engine_options), True
-        options: dict[str, Any] = {"pool_recycle": 3600, **engine_options}
+        # No rollback when a connection goes back to the pool: every operation
+        # of the store ends its transaction itself (commit or rollback), and a
+        # Connection closed in the middle of one rolls it back before the pool
+        # sees it. The pool's own "reset" would be one more round trip per
+        # operation: a quarter of an uncontended acquire + release.
+        options: dict[str, Any] = {
+            "pool_recycle": 3600,
+            "pool_reset_on_return": None,
+            **engine_options,
+        }
         options["isolation_level"] = ISOLATION_LEVEL
         try:
             return create_engine(url, **options), True
@@ -151,7 +164,10 @@ def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:
 def _sqlite_begin(connection: Any) -> None:
     # Take the write lock at the start of every transaction: the conflict check
     # then reads what the transaction's own write will be judged against.
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # Transactions that only read (listings, a waiter watching the version)
+    # need no lock: under WAL they read a snapshot and block no writer.
+    read_only = connection.get_execution_options().get(READ_ONLY, False)
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def upgrade_sqlite_schema(engine: Engine) -> None:

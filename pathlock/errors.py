@@ -11,18 +11,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pathlock.types import describe_paths
+
 if TYPE_CHECKING:
-    from pathlock.types import LockInfo, PathMode
+    from pathlock.types import LockInfo, PathMode, WaiterInfo
 
 
 def _describe_holders(held_by: Sequence[LockInfo]) -> str:
     if not held_by:
-        return "no live holder was seen (the conflict may have been a queued request)"
+        return "no live holder was seen"
     return "; ".join(info.describe() for info in held_by)
 
 
+def _describe_blockers(held_by: Sequence[LockInfo], queued_behind: Sequence[WaiterInfo]) -> str:
+    if queued_behind and not held_by:
+        return "queued behind " + "; ".join(info.describe() for info in queued_behind)
+    return _describe_holders(held_by)
+
+
 def _describe_request(paths: Sequence[PathMode]) -> str:
-    return ", ".join(f"{path} ({mode})" for path, mode in paths)
+    return describe_paths(paths)
 
 
 _MAX_SHOWN = 120  # characters of a bad value quoted in a message
@@ -75,9 +83,10 @@ class InvalidPath(InvalidArgument):
 class LockTimeout(PathLockError, TimeoutError):
     """The requested paths were not granted within ``timeout`` seconds.
 
-    ``paths`` are the normalized ``(path, mode)`` pairs that were requested and
-    ``held_by`` the holders that blocked the last attempt (may be empty if the
-    last attempt was blocked by something other than a held lock).
+    ``paths`` are the normalized ``(path, mode)`` pairs that were requested,
+    ``held_by`` the holders that blocked the last attempt, and
+    ``queued_behind`` the older queued requests it had to let go first (when
+    no lock was in the way, the queue was).
     """
 
     def __init__(
@@ -85,33 +94,56 @@ class LockTimeout(PathLockError, TimeoutError):
         paths: Sequence[PathMode],
         timeout: float,
         held_by: Sequence[LockInfo],
+        queued_behind: Sequence[WaiterInfo] = (),
     ) -> None:
-        self._args = (paths, timeout, held_by)
+        self._args = (paths, timeout, held_by, queued_behind)
         self.paths = tuple(paths)
         self.timeout = timeout
         self.held_by = tuple(held_by)
+        self.queued_behind = tuple(queued_behind)
         super().__init__(
             f"could not lock {_describe_request(self.paths)} within {timeout:g} s: "
-            f"{_describe_holders(self.held_by)}"
+            f"{_describe_blockers(self.held_by, self.queued_behind)}"
         )
 
 
 class DeadlockDetected(PathLockError):
-    """Waiting could never succeed: the request conflicts with locks that its own
-    owner (same node, process and thread) holds, so it would wait for itself.
+    """Waiting could never succeed, so the request fails at once instead of
+    waiting for its timeout. Either the request conflicts only with locks that
+    its own owner (same node, process and thread) holds, so it would wait for
+    itself (``party`` is ``None``); or it is blocked by locks of another owner
+    whose own queued request, ``party``, waits for locks of the requesting
+    owner: each holds what the other waits for.
 
-    ``paths`` are the requested pairs, ``held_by`` the owner's conflicting locks.
+    ``paths`` are the requested pairs, ``held_by`` the conflicting locks (the
+    owner's own, or the other party's). The other party keeps waiting; the
+    caller should release what it holds (or retry later) to let it through.
     """
 
-    def __init__(self, paths: Sequence[PathMode], held_by: Sequence[LockInfo]) -> None:
-        self._args = (paths, held_by)
+    def __init__(
+        self,
+        paths: Sequence[PathMode],
+        held_by: Sequence[LockInfo],
+        party: WaiterInfo | None = None,
+    ) -> None:
+        self._args = (paths, held_by, party)
         self.paths = tuple(paths)
         self.held_by = tuple(held_by)
-        super().__init__(
-            f"request for {_describe_request(self.paths)} conflicts only with locks "
-            f"held by the same owner and would wait for itself: "
-            f"{_describe_holders(self.held_by)}"
-        )
+        self.party = party
+        if party is None:
+            message = (
+                f"request for {_describe_request(self.paths)} conflicts only with locks "
+                f"held by the same owner and would wait for itself: "
+                f"{_describe_holders(self.held_by)}"
+            )
+        else:
+            message = (
+                f"request for {_describe_request(self.paths)} would wait forever: "
+                f"{_describe_holders(self.held_by)}, whose owner is itself queued "
+                f"(ticket {party.ticket}) for {_describe_request(party.paths)}, "
+                f"which conflicts with locks held by the requesting owner"
+            )
+        super().__init__(message)
 
 
 class LeaseLost(PathLockError):

@@ -1,8 +1,9 @@
-"""The public entry points: PathLockManager and CustomerLocks.
+"""The public entry point: PathLockManager (CustomerLocks is in :mod:`pathlock.customer`).
 
 A request flows one way: ``CustomerLocks.lock_paths`` -> ``paths`` normalize ->
-loop {``Store.try_grant`` -> granted: a :class:`Lease`; blocked: the wait policy
-says how long to sleep} -> ``Lease.release`` -> ``Store.release`` (wakes this
+:func:`pathlock.acquire.acquire`: loop {``Store.try_grant`` -> granted: a
+:class:`Lease`; blocked: queued, then watch the customer's version until an
+attempt can succeed} -> ``Lease.release`` -> ``Store.release`` (wakes this
 process's waiters of the same customer).
 """
 
@@ -22,23 +23,18 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import reaper, validation
+from pathlock.acquire import acquire
 from pathlock.backends import open_engine, upgrade_sqlite_schema
-from pathlock.errors import (
-    ArgumentTypeError,
-    BackendError,
-    DeadlockDetected,
-    InvalidArgument,
-    LockTimeout,
-    PathLockError,
-)
+from pathlock.customer import CustomerLocks
+from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
 from pathlock.heartbeat import Heartbeat
 from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
+from pathlock.records import GrantRequest
 from pathlock.schema import metadata
-from pathlock.statements import MAX_BLOCKERS
-from pathlock.store import Blocked, GrantRequest, Store
+from pathlock.store import Store
 from pathlock.types import LockInfo, Owner, WaiterInfo
-from pathlock.waiting import LocalWakeups, ReverseExponentialBackoff, WaitPolicy
+from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
 
 if TYPE_CHECKING:
     from apscheduler.job import Job
@@ -77,8 +73,11 @@ class PathLockManager:
     - ``ttl``: default lease duration in seconds (30): how long the paths of a
       crashed holder stay locked. Held leases are renewed (``heartbeat``).
     - ``case_insensitive``: case-fold paths, for file systems that ignore case.
-    - ``backoff``: the wait policy of blocked requests (default: the seed's
-      :class:`ReverseExponentialBackoff`).
+    - ``backoff``: how long a blocked request sleeps between checks of its
+      customer's version (default: :class:`ExponentialBackoff`, 2 ms growing to
+      10 ms; the seed's :class:`ReverseExponentialBackoff` is the other one
+      shipped). Any object with ``start()`` returning ``next() -> seconds``
+      will do. Fairness comes from the queue, not from the policy.
     - ``max_attempts``: how often one transaction is tried on transient database
       errors (deadlock, lock-wait timeout, lost connection) before
       :class:`BackendError`.
@@ -127,7 +126,7 @@ class PathLockManager:
         if not isinstance(case_insensitive, bool):
             raise ArgumentTypeError("case_insensitive must be a bool")
         self.case_insensitive = case_insensitive
-        self.backoff: WaitPolicy = ReverseExponentialBackoff() if backoff is None else backoff
+        self.backoff: WaitPolicy = ExponentialBackoff() if backoff is None else backoff
         validation.positive_int("max_attempts", max_attempts)
         self._wakeups = LocalWakeups()
         self.engine, self._owns_engine = open_engine(database, dict(engine_options or {}))
@@ -359,27 +358,18 @@ class PathLockManager:
         )
         callbacks = () if on_lost is None else (on_lost,)
         self._check_open()
-        deadline = None if wait_limit is None else time.monotonic() + wait_limit
-        delays = self.backoff.start()
-        with self._wakeups.watch(customer_id) as watch:
-            while True:
-                started = time.monotonic()
-                outcome = self._store.try_grant(request)
-                if not isinstance(outcome, Blocked):
-                    return self._register(request, outcome.fencing_token, started, callbacks)
-                if not blocking:
-                    return None
-                blockers = outcome.blockers
-                # Fewer rows than the limit means we saw every blocker.
-                if 0 < len(blockers) < MAX_BLOCKERS and all(
-                    info.owner == request.owner for info in blockers
-                ):
-                    raise DeadlockDetected(paths, blockers)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise LockTimeout(paths, wait_limit or 0.0, blockers)
-                delay = delays.next()
-                watch.wait(delay if remaining is None else min(delay, remaining))
+        granted = acquire(
+            self._store,
+            self._wakeups,
+            self.backoff,
+            request,
+            blocking=blocking,
+            wait_limit=wait_limit,
+        )
+        if granted is None:
+            return None
+        token, started = granted
+        return self._register(request, token, started, callbacks)
 
     def _live_leases(self) -> list[Lease]:
         with self._leases_lock:
@@ -455,78 +445,3 @@ class PathLockManager:
                 lease._mark_released()
         self._wakeups.notify(customer_id)
         return deleted
-
-
-class CustomerLocks:
-    """The locks of one customer; get one from :meth:`PathLockManager.for_customer`."""
-
-    def __init__(self, manager: PathLockManager, customer_id: int) -> None:
-        self.manager = manager
-        self.customer_id = customer_id
-
-    def lock_paths(
-        self,
-        *paths: str,
-        shared: Iterable[str] = (),
-        timeout: float | None = None,
-        reason: str = "",
-        ttl: float | None = None,
-        on_lost: LostCallback | None = None,
-    ) -> Lease:
-        """Lock every path at once, all or nothing, waiting while any conflicts.
-
-        Positional paths are locked exclusive, ``shared`` ones shared. A lock
-        covers the path's whole subtree and conflicts with locks on the same
-        path, its ancestors and its descendants (shared + shared excepted).
-        ``timeout=None`` waits without limit, ``0`` makes one attempt; on expiry
-        :class:`LockTimeout` names the holders that blocked the last attempt. A
-        request blocked only by locks of its own owner (this node, process and
-        thread) raises :class:`DeadlockDetected` at once. ``ttl`` overrides the
-        manager's lease duration; ``on_lost`` is called if this lease is lost.
-        """
-        lease = self.manager._acquire(
-            self.customer_id,
-            paths,
-            shared,
-            timeout=timeout,
-            reason=reason,
-            ttl=ttl,
-            blocking=True,
-            on_lost=on_lost,
-        )
-        if lease is None:  # pragma: no cover - a blocking acquire returns or raises
-            raise AssertionError("blocking acquire returned no lease")
-        return lease
-
-    def try_lock_paths(
-        self,
-        *paths: str,
-        shared: Iterable[str] = (),
-        reason: str = "",
-        ttl: float | None = None,
-        on_lost: LostCallback | None = None,
-    ) -> Lease | None:
-        """One attempt: a :class:`Lease`, or ``None`` if anything conflicts."""
-        return self.manager._acquire(
-            self.customer_id,
-            paths,
-            shared,
-            timeout=0,
-            reason=reason,
-            ttl=ttl,
-            blocking=False,
-            on_lost=on_lost,
-        )
-
-    def release_locks(self) -> int:
-        """Release every lease that this owner (this node, process and thread)
-        holds for this customer; return the number of paths released."""
-        self.manager._check_open()
-        return self.manager._release_owner(self.customer_id)
-
-    def list_locks(self, *, include_expired: bool = False) -> list[LockInfo]:
-        """This customer's locked paths (see :meth:`PathLockManager.list_locks`)."""
-        return self.manager.list_locks(self.customer_id, include_expired=include_expired)
-
-    def __repr__(self) -> str:
-        return f"<CustomerLocks customer_id={self.customer_id} {self.manager!r}>"

@@ -30,9 +30,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from pathlock.customer import CustomerLocks
 from pathlock.errors import LeaseLost, LockTimeout, PathLockError
 from pathlock.lease import Lease
-from pathlock.manager import CustomerLocks
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import FetchedValue
 
-REVISION = "0001"
+REVISION = "0002"
 """The Alembic revision these tables correspond to (a test checks it is the
 newest one shipped): lets a SQLite database be checked without loading Alembic."""
 VERSION_TABLE = "pathlock_alembic_version"
@@ -121,7 +121,8 @@ path_lock_waiters = Table(
     Column("customer_id", BigInteger, nullable=False),
     Column("lease_id", String(LEASE_ID_LENGTH), nullable=False),
     # JSON list of [path, mode] pairs: a request is read and compared as a whole.
-    Column("paths", Text, nullable=False),
+    # MEDIUMTEXT on MySQL: TEXT's 64 KiB is less than a valid request may need.
+    Column("paths", Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb"), nullable=False),
     *_owner_columns(),
     Column("created_at", _Timestamp, nullable=False),
     # Short, refreshed while the waiter is alive: a dead waiter stops blocking
@@ -131,6 +132,8 @@ path_lock_waiters = Table(
     Index(None, "lease_id"),
     Index(None, "expires_at"),
     Index(None, "node_id", "pid", "thread"),
+    # Tickets never repeat (SQLite would reuse the highest rowid once deleted).
+    sqlite_autoincrement=True,
     **_MYSQL_TABLE,
 )
 

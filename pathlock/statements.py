@@ -188,11 +188,30 @@ def blockers_query(exclusive: int, shared: int) -> Select[Any]:
     return select(*LOCK_COLUMNS).where(conflict_condition(exclusive, shared)).limit(MAX_BLOCKERS)
 
 
-@functools.lru_cache(maxsize=128)
-def grant_statement(exclusive: int, shared: int) -> Insert:
+# Stands for "no ticket yet" in the queue condition: every queued ticket is lower.
+NO_TICKET = 2**63 - 1
+
+
+def queue_condition() -> ColumnElement[bool]:
+    """Live queued requests of the customer with a ticket older than
+    ``:ticket`` (any queued request, for a request that has no ticket yet)."""
+    return and_(
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.ticket < bindparam("w_ticket", type_=BigInteger),
+        path_lock_waiters.c.expires_at > now(),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
     WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
-    trip. Built once per request shape; the paths are bind parameters."""
+    trip. Built once per request shape; the paths are bind parameters.
+
+    ``queued=True`` also requires that no older request is queued at all: the
+    common case (an empty queue) stays one statement, and the store judges a
+    non-empty queue request by request (:mod:`pathlock.fairness`) before
+    inserting with ``queued=False``."""
     requested = union_all(
         *(
             select(
@@ -215,6 +234,8 @@ def grant_statement(exclusive: int, shared: int) -> Insert:
         now(),
         now_plus(bindparam("ttl_us", type_=BigInteger)),
     ).where(~exists().where(conflict_condition(exclusive, shared)))
+    if queued:
+        values = values.where(~exists().where(queue_condition()))
     columns = [
         "customer_id",
         "lease_id",
@@ -236,6 +257,13 @@ BUMP = (
     update(customer_locks)
     .where(customer_locks.c.customer_id == bindparam("c_id"))
     .values(version=_Fenced(customer_locks.c.version + 1))
+)
+# Undoes BUMP within its transaction: the sentinel is still written (the lock
+# and, on a cluster, the write conflict stay), but the version does not move.
+UNBUMP = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(version=customer_locks.c.version - 1)
 )
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
 # IGNORE: a concurrent first use may insert the row too.
@@ -285,6 +313,52 @@ HELD = (
         path_locks.c.expires_at > now(),
     )
     .distinct()
+)
+
+# The queue of blocked requests (see pathlock.fairness for who waits for whom).
+ENQUEUE = insert(path_lock_waiters).values(
+    customer_id=bindparam("c_id"),
+    lease_id=bindparam("l_id"),
+    paths=bindparam("w_paths"),
+    node_id=bindparam("o_node"),
+    pid=bindparam("o_pid"),
+    thread=bindparam("o_thread"),
+    reason=bindparam("why"),
+    created_at=now(),
+    expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)),
+)
+# A retried attempt whose enqueue may have committed finds its own row by lease.
+ENQUEUED = (
+    select(path_lock_waiters.c.ticket)
+    .where(path_lock_waiters.c.lease_id == bindparam("l_id"))
+    .order_by(path_lock_waiters.c.ticket)
+    .limit(1)
+)
+# By ticket and lease: a request only ever touches its own row.
+DEQUEUE = delete(path_lock_waiters).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.ticket == bindparam("w_ticket"),
+    path_lock_waiters.c.lease_id == bindparam("l_id"),
+)
+# Keeps a live waiter's place; never revives a row that lapsed (others may have
+# gone ahead of it meanwhile: it queues again with a new ticket).
+REFRESH_WAITER = (
+    update(path_lock_waiters)
+    .where(
+        path_lock_waiters.c.ticket == bindparam("w_ticket"),
+        path_lock_waiters.c.lease_id == bindparam("l_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .values(expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)))
+)
+# The requesting owner's live locks: the queue passes over waiters that wait
+# for them, and a cycle through another owner's queued request is a deadlock.
+OWNER_LOCKS = select(path_locks.c.path, path_locks.c.mode).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.node_id == bindparam("o_node"),
+    path_locks.c.pid == bindparam("o_pid"),
+    path_locks.c.thread == bindparam("o_thread"),
+    path_locks.c.expires_at > now(),
 )
 
 # Operator clean-up.
@@ -344,4 +418,16 @@ WAITER_COLUMNS = (
     path_lock_waiters.c.reason,
     path_lock_waiters.c.created_at,
     path_lock_waiters.c.expires_at,
+)
+# How many queued requests one denied attempt reads; per customer the queue is
+# short (a few requests a second), this only bounds a pathological one.
+MAX_WAITERS = 1000
+LIVE_WAITERS = (
+    select(*WAITER_COLUMNS)
+    .where(
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .order_by(path_lock_waiters.c.ticket)
+    .limit(MAX_WAITERS)
 )

@@ -23,174 +23,110 @@ they share.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
     Delete,
     Engine,
-    Row,
     Select,
     select,
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from pathlock.backends import check_dialect
+from pathlock.backends import READ_ONLY, check_dialect
 from pathlock.errors import BackendError
+from pathlock.fairness import deadlock_party, requests_conflict, waiters_ahead
+from pathlock.records import (
+    WAITER_TTL,
+    Blocked,
+    Deadlocked,
+    Granted,
+    GrantRequest,
+    as_utc,
+    grant_parameters,
+    lock_info,
+    waiter_info,
+    waiter_parameters,
+)
 from pathlock.schema import path_lock_waiters, path_locks
 from pathlock.statements import (
     BUMP,
     CREATE_SENTINEL,
+    DEQUEUE,
+    ENQUEUE,
+    ENQUEUED,
     HELD,
     LANDED,
     LEASE_CUSTOMER,
+    LIVE_WAITERS,
     LOCK_COLUMNS,
     LOCK_SENTINELS,
+    MAX_BLOCKERS,
+    NO_TICKET,
     NODE_CUSTOMERS,
+    OWNER_LOCKS,
     REAP_LOCKS,
     REAP_WAITERS,
+    REFRESH_WAITER,
     RELEASE,
     RELEASE_NODE,
     RELEASE_NODE_WAITERS,
     RELEASE_OWNER,
     RENEW,
+    UNBUMP,
     VERSION,
     WAITER_COLUMNS,
     blockers_query,
-    conflict_parameters,
     grant_statement,
     now,
     shape,
 )
-from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode, WaiterInfo
+from pathlock.transient import hint, is_transient
+from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Error codes after which the same attempt can simply run again: the failed
-# transaction was rolled back (or its outcome is checked, see try_grant).
-TRANSIENT_ERRORS = frozenset(
-    {
-        1205,  # lock wait timeout
-        1213,  # deadlock (and a cluster's certification failure)
-        1053,  # server shutdown in progress
-        1927,  # connection killed (MariaDB)
-        2003,  # cannot connect (server restarting)
-        2006,  # server has gone away
-        2013,  # lost connection during query
-        2014,  # commands out of sync (a broken connection)
-        4031,  # disconnected by the server for inactivity (MySQL 8)
-    }
-)
+
+class _OwnerLocks:
+    """The requesting owner's live locks, read once and only if needed."""
+
+    def __init__(self, connection: Connection, parameters: dict[str, Any]) -> None:
+        self._connection = connection
+        self._parameters = parameters
+        self._paths: list[PathMode] | None = None
+
+    def get(self) -> list[PathMode]:
+        if self._paths is None:
+            rows = self._connection.execute(OWNER_LOCKS, self._parameters)
+            self._paths = [(row.path, row.mode) for row in rows]
+        return self._paths
 
 
-@dataclass(frozen=True, slots=True)
-class GrantRequest:
-    """Everything one attempt needs; the lease id is chosen by the client, so an
-    attempt whose commit outcome is unknown can find out whether it landed."""
-
-    customer_id: int
-    lease_id: str
-    paths: tuple[PathMode, ...]
-    owner: Owner
-    reason: str
-    ttl: float
-
-
-@dataclass(frozen=True, slots=True)
-class Granted:
-    fencing_token: int
-
-
-@dataclass(frozen=True, slots=True)
-class Blocked:
-    """The attempt found live conflicting rows (at most :data:`MAX_BLOCKERS`)."""
-
-    blockers: tuple[LockInfo, ...]
-
-
-def _as_utc(value: datetime) -> datetime:
-    # DATETIME columns come back naive; they hold UTC by construction.
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-def _lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
-    mode: Mode = row.mode
-    return LockInfo(
-        customer_id=row.customer_id,
-        path=row.path,
-        mode=mode,
-        lease_id=row.lease_id,
-        owner=Owner(row.node_id, row.pid, row.thread),
-        reason=row.reason,
-        fencing_token=row.fencing_token,
-        created_at=_as_utc(row.created_at),
-        expires_at=_as_utc(row.expires_at),
-    )
-
-
-def _waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
-    try:
-        paths = tuple((str(path), mode) for path, mode in json.loads(row.paths))
-    except (ValueError, TypeError):  # not pathlock's JSON: show it as it is
-        paths = ((str(row.paths), EXCLUSIVE),)
-    return WaiterInfo(
-        customer_id=row.customer_id,
-        ticket=row.ticket,
-        paths=paths,
-        lease_id=row.lease_id,
-        owner=Owner(row.node_id, row.pid, row.thread),
-        reason=row.reason,
-        created_at=_as_utc(row.created_at),
-        expires_at=_as_utc(row.expires_at),
-    )
-
-
-def _grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
-    parameters = conflict_parameters(request.paths)
-    for n, (path, mode) in enumerate(request.paths):
-        parameters[f"rq_path_{n}"] = path
-        parameters[f"rq_mode_{n}"] = mode
-    parameters.update(
-        c_id=request.customer_id,
-        l_id=request.lease_id,
-        o_node=request.owner.node_id,
-        o_pid=request.owner.pid,
-        o_thread=request.owner.thread,
-        why=request.reason,
-        token=token,
-        ttl_us=round(request.ttl * 1_000_000),
-    )
-    return parameters
-
-
-def _error_code(error: DBAPIError) -> int | None:
-    args = getattr(error.orig, "args", ())
-    if args and isinstance(args[0], int):
-        return args[0]
-    return None
-
-
-# SQLite's primary result codes (the low byte of the extended code) when the
-# database is locked by another connection for longer than the busy timeout.
-_SQLITE_BUSY = 5
-_SQLITE_LOCKED = 6
-
-
-def is_transient(error: DBAPIError) -> bool:
-    """Deadlocks, lock-wait timeouts and lost connections: worth another try."""
-    if error.connection_invalidated or _error_code(error) in TRANSIENT_ERRORS:
-        return True
-    sqlite_code = getattr(error.orig, "sqlite_errorcode", None)
-    return isinstance(sqlite_code, int) and sqlite_code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+def _deadlock(
+    owner: Owner,
+    blockers: tuple[LockInfo, ...],
+    queued: list[WaiterInfo],
+    owner_locks: _OwnerLocks,
+) -> Deadlocked | None:
+    # Fewer rows than the limit means every blocker was seen.
+    if len(blockers) < MAX_BLOCKERS and all(info.owner == owner for info in blockers):
+        return Deadlocked(None, blockers)
+    holders = {info.owner for info in blockers}
+    candidates = [info for info in queued if info.owner in holders and info.owner != owner]
+    if not candidates:
+        return None
+    party = deadlock_party(owner, blockers, candidates, owner_locks.get())
+    if party is None:
+        return None
+    return Deadlocked(party, tuple(info for info in blockers if info.owner == party.owner))
 
 
 class Store:
@@ -212,16 +148,26 @@ class Store:
 
     # -- the retry loop -------------------------------------------------------
 
-    def _run(self, action: str, operation: Callable[[Connection, int], T]) -> T:
+    def _run(
+        self,
+        action: str,
+        operation: Callable[[Connection, int], T],
+        *,
+        read_only: bool = False,
+    ) -> T:
         """Run ``operation(connection, attempt)`` in a transaction, retrying
-        transient failures up to ``max_attempts`` times."""
+        transient failures up to ``max_attempts`` times. A ``read_only``
+        transaction on SQLite does not take the write lock (see
+        :mod:`pathlock.backends`)."""
         for attempt in range(1, self.max_attempts + 1):
             try:
                 with self.engine.connect() as connection:
+                    if read_only:
+                        connection.execution_options(**{READ_ONLY: True})
                     return operation(connection, attempt)
             except DBAPIError as error:
                 if not is_transient(error):
-                    raise BackendError(action, error, _hint(error)) from error
+                    raise BackendError(action, error, hint(error)) from error
                 if attempt == self.max_attempts:
                     raise BackendError(
                         action, error, f"transient error persisted through {attempt} attempts"
@@ -269,43 +215,154 @@ class Store:
 
     # -- operations -----------------------------------------------------------
 
-    def try_grant(self, request: GrantRequest) -> Granted | Blocked:
-        """One attempt to grant every path of ``request`` at once."""
-        request_shape = shape(request.paths)
+    def try_grant(
+        self, request: GrantRequest, ticket: int | None, *, queue: bool
+    ) -> Granted | Blocked | Deadlocked:
+        """One attempt to grant every path of ``request`` at once.
 
-        def attempt(connection: Connection, number: int) -> Granted | Blocked:
+        ``ticket`` is the request's place in the queue from an earlier attempt
+        (``None``: not queued). A denied request with ``queue=True`` and no
+        ticket is queued in the same transaction as its denial, so every later
+        grant of the customer sees it. A grant removes the request's queue row.
+        """
+
+        def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
             token = self._bump(connection, request.customer_id)
+            known = ticket
             if number > 1:
                 # The previous attempt may have failed after its COMMIT landed
                 # (connection lost during COMMIT): then our rows exist, and
-                # granting again would block on ourselves or insert twice.
-                landed = connection.execute(LANDED, {"l_id": request.lease_id}).scalar()
+                # granting again would block on ourselves or insert twice; or
+                # it was queued, and must not queue twice.
+                parameters = {"l_id": request.lease_id}
+                landed = connection.execute(LANDED, parameters).scalar()
                 if landed is not None:
                     connection.rollback()
                     return Granted(int(landed))
-            # Check and insert in one statement: the rows go in only if no live
-            # conflicting row exists (the subquery is one consistent read, so
-            # it is all rows or none).
-            parameters = _grant_parameters(request, token)
-            inserted = connection.execute(grant_statement(*request_shape), parameters).rowcount
-            if inserted == len(request.paths):
-                connection.commit()
-                return Granted(token)
-            if inserted:
-                connection.rollback()
-                raise BackendError(
-                    "acquiring locks",
-                    RuntimeError(f"{inserted} of {len(request.paths)} rows inserted; rolled back"),
-                )
-            # Denied: read who is in the way while still holding the sentinel,
-            # so the picture is the one that denied us (for the caller's error
-            # and the own-owner check).
-            # The grant's parameters hold the conflict query's (and more).
-            blockers = connection.execute(blockers_query(*request_shape), parameters).all()
-            connection.rollback()
-            return Blocked(tuple(_lock_info(row) for row in blockers))
+                if known is None:
+                    known = connection.execute(ENQUEUED, parameters).scalar()
+            return self._grant(connection, request, token, known, queue)
 
         return self._run("acquiring locks", attempt)
+
+    def _grant(
+        self,
+        connection: Connection,
+        request: GrantRequest,
+        token: int,
+        ticket: int | None,
+        queue: bool,
+    ) -> Granted | Blocked | Deadlocked:
+        request_shape = shape(request.paths)
+        parameters = grant_parameters(request, token)
+        parameters["w_ticket"] = NO_TICKET if ticket is None else ticket
+        # Check and insert in one statement: the rows go in only if no live
+        # conflicting row exists and nobody is queued before us (the subquery
+        # is one consistent read, so it is all rows or none).
+        if self._insert(connection, request, request_shape, parameters, queued=True):
+            return self._granted(connection, request, token, ticket)
+        # Denied: read who is in the way while still holding the sentinel, so
+        # the picture is the one that denied us (the grant's parameters hold
+        # the conflict query's, and more).
+        blockers = tuple(
+            lock_info(row) for row in connection.execute(blockers_query(*request_shape), parameters)
+        )
+        queued = [waiter_info(row) for row in connection.execute(LIVE_WAITERS, parameters)]
+        owner_locks = _OwnerLocks(connection, parameters)
+        ahead: list[WaiterInfo] = []
+        if blockers:
+            deadlock = _deadlock(request.owner, blockers, queued, owner_locks)
+            if deadlock is not None:
+                connection.rollback()
+                return deadlock
+        else:
+            # Only the queue was in the way: judge it request by request.
+            earlier = [info for info in queued if ticket is None or info.ticket < ticket]
+            if any(requests_conflict(info.paths, request.paths) for info in earlier):
+                ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
+            if not ahead and self._insert(
+                connection, request, request_shape, parameters, queued=False
+            ):
+                return self._granted(connection, request, token, ticket)
+        if queue and ticket is None:
+            # Queued under the sentinel, so every later grant sees it. The
+            # version stays put: nobody watching has anything new to try.
+            ticket = connection.execute(ENQUEUE, waiter_parameters(request)).lastrowid
+            connection.execute(UNBUMP, {"c_id": request.customer_id})
+            connection.commit()
+        else:
+            connection.rollback()  # the version bump goes with it
+        return Blocked(blockers, tuple(ahead), ticket, token - 1)
+
+    @staticmethod
+    def _insert(
+        connection: Connection,
+        request: GrantRequest,
+        request_shape: tuple[int, int],
+        parameters: dict[str, Any],
+        *,
+        queued: bool,
+    ) -> bool:
+        statement = grant_statement(*request_shape, queued=queued)
+        inserted = connection.execute(statement, parameters).rowcount
+        if inserted in (0, len(request.paths)):
+            return bool(inserted)
+        connection.rollback()
+        raise BackendError(
+            "acquiring locks",
+            RuntimeError(f"{inserted} of {len(request.paths)} rows inserted; rolled back"),
+        )
+
+    @staticmethod
+    def _granted(
+        connection: Connection, request: GrantRequest, token: int, ticket: int | None
+    ) -> Granted:
+        if ticket is not None:
+            parameters = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
+            connection.execute(DEQUEUE, parameters)
+        connection.commit()
+        return Granted(token)
+
+    def leave_queue(self, customer_id: int, lease_id: str, ticket: int) -> None:
+        """Remove a request that gives up (timeout, error) from the queue. The
+        sentinel write moves the version, so the requests queued behind it
+        try again at once instead of at their next recheck."""
+
+        def attempt(connection: Connection, _number: int) -> None:
+            self._bump(connection, customer_id)
+            parameters = {"c_id": customer_id, "l_id": lease_id, "w_ticket": ticket}
+            connection.execute(DEQUEUE, parameters)
+            connection.commit()
+
+        self._run("leaving the queue", attempt)
+
+    def refresh_waiter(self, lease_id: str, ticket: int) -> bool:
+        """Keep a queued request alive for another :data:`WAITER_TTL`; ``False``
+        if its row lapsed or was deleted (it must queue again)."""
+        parameters = {
+            "l_id": lease_id,
+            "w_ticket": ticket,
+            "w_ttl_us": round(WAITER_TTL * 1_000_000),
+        }
+
+        def attempt(connection: Connection, _number: int) -> bool:
+            refreshed = connection.execute(REFRESH_WAITER, parameters).rowcount
+            connection.commit()
+            return bool(refreshed)
+
+        return self._run("keeping a queued request alive", attempt)
+
+    def version(self, customer_id: int) -> int:
+        """The customer's sentinel version, by a plain read: it moves on every
+        grant, release and give-up, so a waiter that sees the same
+        value as at its last attempt has nothing to try again for."""
+
+        def attempt(connection: Connection, _number: int) -> int:
+            value = connection.execute(VERSION, {"c_id": customer_id}).scalar()
+            connection.rollback()
+            return 0 if value is None else int(value)
+
+        return self._run("watching the queue", attempt, read_only=True)
 
     def release(self, customer_id: int, lease_id: str) -> int:
         """Delete the rows of one lease; return how many there were."""
@@ -372,9 +429,9 @@ class Store:
         def attempt(connection: Connection, _number: int) -> list[LockInfo]:
             rows = connection.execute(query).all()
             connection.rollback()
-            return [_lock_info(row) for row in rows]
+            return [lock_info(row) for row in rows]
 
-        return self._run("listing locks", attempt)
+        return self._run("listing locks", attempt, read_only=True)
 
     def database_time(self) -> datetime:
         """The database's clock, in UTC: the clock every expiry is judged by."""
@@ -382,9 +439,9 @@ class Store:
         def attempt(connection: Connection, _number: int) -> datetime:
             value = connection.execute(select(now())).scalar_one()
             connection.rollback()
-            return _as_utc(value)
+            return as_utc(value)
 
-        return self._run("reading the database's clock", attempt)
+        return self._run("reading the database's clock", attempt, read_only=True)
 
     def list_waiters(self, customer_id: int | None) -> list[WaiterInfo]:
         """Queued requests of one customer (or all), oldest ticket first."""
@@ -398,9 +455,9 @@ class Store:
         def attempt(connection: Connection, _number: int) -> list[WaiterInfo]:
             rows = connection.execute(query).all()
             connection.rollback()
-            return [_waiter_info(row) for row in rows]
+            return [waiter_info(row) for row in rows]
 
-        return self._run("listing waiters", attempt)
+        return self._run("listing waiters", attempt, read_only=True)
 
     # -- operators and the reaper ------------------------------------------------
 
@@ -412,7 +469,7 @@ class Store:
             connection.rollback()
             return None if customer_id is None else int(customer_id)
 
-        return self._run("looking up a lease", attempt)
+        return self._run("looking up a lease", attempt, read_only=True)
 
     def release_node(self, node_id: str) -> dict[int, int]:
         """Delete every lock and waiter row of ``node_id``, one customer per
@@ -429,7 +486,7 @@ class Store:
                 "releasing a node's locks",
                 functools.partial(self._release_node_of, customer_id, node_id),
             )
-            for customer_id in self._run("finding a node's locks", customers)
+            for customer_id in self._run("finding a node's locks", customers, read_only=True)
         }
 
     def _release_node_of(
@@ -483,12 +540,3 @@ class Store:
             if picked < batch_size:
                 break
         return total
-
-
-_NO_SUCH_TABLE = 1146
-
-
-def _hint(error: DBAPIError) -> str:
-    if _error_code(error) == _NO_SUCH_TABLE or "no such table" in str(error.orig):
-        return "the pathlock tables are missing: run the migrations or manager.create_schema()"
-    return ""

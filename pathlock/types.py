@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
@@ -17,6 +18,25 @@ SHARED: Mode = "shared"
 
 PathMode = tuple[str, Mode]
 """A normalized path and the mode it is locked in."""
+
+_LONG_PATH = 120  # characters: longer paths are shortened in messages
+_PATHS_SHOWN = 10  # paths of one request listed in a message
+
+
+def shorten(path: str) -> str:
+    """A path for a message: a long one keeps its start and its end."""
+    if len(path) <= _LONG_PATH:
+        return path
+    return f"{path[:60]}...{path[-40:]} ({len(path)} characters)"
+
+
+def describe_paths(paths: Sequence[PathMode]) -> str:
+    """``/a (exclusive), /b (shared)`` for messages, long paths and long lists
+    shortened."""
+    text = ", ".join(f"{shorten(path)} ({mode})" for path, mode in paths[:_PATHS_SHOWN])
+    if len(paths) > _PATHS_SHOWN:
+        text += f" and {len(paths) - _PATHS_SHOWN} more"
+    return text
 
 
 class Owner(NamedTuple):
@@ -62,7 +82,7 @@ class LockInfo:
 
     def describe(self) -> str:
         """One line for messages: path, mode, owner and reason."""
-        text = f"{self.path} ({self.mode}) held by {self.owner}"
+        text = f"{shorten(self.path)} ({self.mode}) held by {self.owner}"
         if self.reason:
             text += f" for {self.reason!r}"
         return text
@@ -81,3 +101,10 @@ class WaiterInfo:
     reason: str
     created_at: datetime
     expires_at: datetime
+
+    def describe(self) -> str:
+        """One line for messages: ticket, paths, owner and reason."""
+        text = f"ticket {self.ticket}: {describe_paths(self.paths)} requested by {self.owner}"
+        if self.reason:
+            text += f" for {self.reason!r}"
+        return text

@@ -1,9 +1,17 @@
-"""How long a blocked request sleeps before its next attempt.
+"""How long a blocked request sleeps between checks.
 
 A wait policy is any object with ``start() -> Delays``; ``Delays.next()`` returns
-the seconds to sleep before the next attempt of one request. The manager never
-holds a connection or a transaction while sleeping, and a release in the same
-process cuts the sleep short (:class:`LocalWakeups`).
+the seconds to sleep before the next check of one request. A check is a plain
+read of the customer's version, and a full attempt when it moved (see
+:mod:`pathlock.acquire`). The manager never holds a connection or a transaction
+while sleeping, and a release in the same process cuts the sleep short
+(:class:`LocalWakeups`). Fairness does not depend on the policy: the queue
+orders conflicting requests, however eagerly each one polls.
+
+- :class:`ExponentialBackoff` (the default): short checks at first, growing to
+  a cap, so a hand-off is noticed within a few milliseconds and a long wait
+  costs a bounded number of cheap reads per second.
+- :class:`ReverseExponentialBackoff`: the seed's policy, kept for comparison.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from pathlock.errors import InvalidArgument
@@ -19,10 +28,15 @@ _MIN_FIRST = 0.001
 
 
 class Delays(Protocol):
-    """The sleeps of one request, one per failed attempt."""
+    """The sleeps of one request, one per check."""
 
     def next(self) -> float:
-        """Seconds to sleep after the latest failed attempt."""
+        """Seconds to sleep before the next check."""
+        ...
+
+    def reset(self) -> None:
+        """The customer's version moved (a grant, release or give-up): the
+        queue is moving, so a policy may start over with short sleeps."""
         ...
 
 
@@ -34,13 +48,57 @@ class WaitPolicy(Protocol):
         ...
 
 
+class ExponentialBackoff:
+    """Checks ``first`` seconds apart at first, each gap ``factor`` times the
+    previous, up to ``maximum``, starting over whenever the customer's version
+    moves (the queue is moving: the next hand-off may come soon); ``jitter``
+    spreads each gap by up to that fraction so waiters do not poll in lockstep.
+
+    With the defaults: 2, 4, 8, then 10 ms: a hand-off is seen within a few
+    milliseconds, and a waiter reads its customer's version at most about 100
+    times a second (a primary-key read that takes no lock).
+    """
+
+    def __init__(
+        self,
+        *,
+        first: float = 0.002,
+        maximum: float = 0.010,
+        factor: float = 2.0,
+        jitter: float = 0.2,
+    ) -> None:
+        if not (math.isfinite(first) and math.isfinite(maximum) and 0 < first <= maximum):
+            raise InvalidArgument(
+                f"need 0 < first <= maximum, got first={first!r}, maximum={maximum!r}"
+            )
+        if not (math.isfinite(factor) and factor >= 1):
+            raise InvalidArgument(f"factor must be at least 1, got {factor!r}")
+        if not 0 <= jitter < 1:
+            raise InvalidArgument(f"jitter must be in [0, 1), got {jitter!r}")
+        self.first = first
+        self.maximum = maximum
+        self.factor = factor
+        self.jitter = jitter
+
+    def delay(self, check: int) -> float:
+        """The gap before check ``check`` (1-based), before jitter."""
+        # Compare exponents, not powers: factor ** check overflows for long waits.
+        if (check - 1) * math.log(self.factor) >= math.log(self.maximum / self.first):
+            return self.maximum
+        return float(self.first * self.factor ** (check - 1))
+
+    def start(self) -> Delays:
+        return _Schedule(self.delay, self.jitter, restarts=True)
+
+
 class ReverseExponentialBackoff:
     """The seed's reverse exponential backoff: waits shrink as retries grow.
 
-    After failed attempt ``n`` (1, 2, ...) the wait is ``first ** (1 / k)``
+    Before check ``n`` (1, 2, ...) the wait is ``first ** (1 / k)``
     milliseconds with ``k = n mod cycle``, never under ``floor``: a request that
-    has been waiting longer polls more eagerly than a newcomer, which gives
-    early arrivals the better chance. The seed divided by ``n mod 15``, which is
+    has been waiting longer polls more eagerly than a newcomer, which was the
+    seed's only means of giving early arrivals the better chance (pathlock's
+    queue now does that). The seed divided by ``n mod 15``, which is
     zero on every 15th retry and crashed; here ``k`` runs 1..cycle, so the
     cycle's last step is its shortest wait and the next cycle starts over.
     ``jitter`` spreads waits by up to that fraction so waiters do not poll in
@@ -78,19 +136,25 @@ class ReverseExponentialBackoff:
         return max(self.floor, milliseconds / 1000)
 
     def start(self) -> Delays:
-        return _Schedule(self)
+        # The seed counted retries per request and never started over.
+        return _Schedule(self.delay, self.jitter, restarts=False)
 
 
 class _Schedule:
-    def __init__(self, policy: ReverseExponentialBackoff) -> None:
-        self._policy = policy
-        self._retry = 0
+    def __init__(self, delay: Callable[[int], float], jitter: float, *, restarts: bool) -> None:
+        self._delay = delay
+        self._jitter = jitter
+        self._restarts = restarts
+        self._count = 0
+
+    def reset(self) -> None:
+        if self._restarts:
+            self._count = 0
 
     def next(self) -> float:
-        self._retry += 1
-        delay = self._policy.delay(self._retry)
-        spread = self._policy.jitter
-        return delay * random.uniform(1 - spread, 1 + spread)  # noqa: S311
+        self._count += 1
+        spread = self._jitter
+        return self._delay(self._count) * random.uniform(1 - spread, 1 + spread)  # noqa: S311
 
 
 class LocalWakeups:
@@ -158,13 +222,16 @@ class Watch:
                 del wakeups._entries[self._customer_id]
             self._entry = None
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return at once if a release was
-        notified since the previous wait (or since watching began)."""
+        notified since the previous wait (or since watching began). True when
+        a release was notified."""
         entry = self._entry
         if entry is None:
             raise RuntimeError("Watch.wait() outside its with block")
         with self._wakeups._lock:
             if entry.generation == self._seen:
                 entry.condition.wait(timeout)
+            notified = entry.generation != self._seen
             self._seen = entry.generation
+            return notified

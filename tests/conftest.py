@@ -12,10 +12,10 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy.pool import NullPool
 
-from pathlock import CustomerLocks, PathLockManager
-from pathlock.schema import metadata
+from pathlock import CustomerLocks, PathLockManager, migrate
 
 MYSQL_URL = os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
@@ -23,16 +23,24 @@ BACKENDS = ("mariadb", "sqlite")
 
 
 @pytest.fixture(scope="session")
-def mariadb_url() -> str:
-    """The MariaDB/MySQL server's URL, with the pathlock tables created, for
-    tests of what only a server does (killed connections, lock-wait timeouts,
-    migrations to a server)."""
-    engine = create_engine(MYSQL_URL)
+def mariadb_url() -> Iterator[str]:
+    """The URL of a database of this test session on the MariaDB/MySQL server,
+    migrated to the newest revision (the schema production runs), for every
+    test that needs a server; dropped at the end. Its own database, so that
+    sessions running at once, and tables left by older versions, never meet."""
+    server_url = make_url(MYSQL_URL)
+    name = f"pathlock_test_{secrets.token_hex(4)}"
+    server = create_engine(server_url, poolclass=NullPool)
+    with server.begin() as connection:
+        connection.exec_driver_sql(f"CREATE DATABASE `{name}`")
+    url = server_url.set(database=name).render_as_string(hide_password=False)
     try:
-        metadata.create_all(engine)
+        migrate.upgrade(url)
+        yield url
     finally:
-        engine.dispose()
-    return MYSQL_URL
+        with server.begin() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        server.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 
 from pathlock import BackendError, InvalidArgument, PathLockManager
 from pathlock.backends import URL_ENV_VAR
+from pathlock.schema import REVISION
 
 
 def _pooled_connection_id(manager: PathLockManager) -> int:
@@ -85,6 +86,38 @@ def test_lock_wait_timeout_is_retried(
             timer.join()
             blocker.close()
     assert any("1205" in record.getMessage() for record in caplog.records)
+
+
+_BUMP_SQL = text("UPDATE customer_locks SET version = version + 1 WHERE customer_id = :c")
+_IMPATIENT = {"init_command": "SET innodb_lock_wait_timeout = 1"}
+
+
+def _fail_mid_transaction(engine: Engine, customer_id: int) -> None:
+    with engine.connect() as connection:
+        connection.execute(_BUMP_SQL, {"c": customer_id})
+        raise RuntimeError("mid-transaction")
+
+
+def test_a_connection_given_back_mid_transaction_holds_no_lock(
+    mariadb_url: str, customer_id: int
+) -> None:
+    # pathlock's engines skip the pool's reset-on-return rollback: closing a
+    # Connection inside a transaction must still roll it back.
+    options = {"pool_size": 1, "max_overflow": 0, "connect_args": _IMPATIENT}
+    with PathLockManager(mariadb_url, heartbeat=False, engine_options=options) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/create/the/sentinel").release()
+        with pytest.raises(RuntimeError, match="mid-transaction"):
+            _fail_mid_transaction(manager.engine, customer_id)
+        # Another session writes the row at once (a held lock would time out
+        # after 1 s with 1205), and the pooled connection grants as usual.
+        other = create_engine(mariadb_url, connect_args=_IMPATIENT)
+        try:
+            with other.begin() as connection:
+                connection.execute(_BUMP_SQL, {"c": customer_id})
+        finally:
+            other.dispose()
+        locks.lock_paths("/after", timeout=5).release()
 
 
 def test_persistent_transient_error_becomes_backend_error(
@@ -245,7 +278,7 @@ def test_processes_opening_a_new_sqlite_file_at_once_create_it_once(sqlite_file:
             for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
     connection.close()
-    assert versions == [("0001",)]
+    assert versions == [(REVISION,)]
     assert {"customer_locks", "path_locks", "path_lock_waiters"} <= tables
 
 

@@ -24,7 +24,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import URL, Engine, create_engine, inspect, make_url
 from sqlalchemy.pool import NullPool
 
-from pathlock.schema import compare_server_default, metadata
+from pathlock.schema import REVISION, compare_server_default, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -225,7 +225,7 @@ def test_version_table_is_pathlocks_own(empty_db_url: URL) -> None:
     tables = _table_names(empty_db_url)
     assert tables == {*TABLES, VERSION_TABLE}
     assert "alembic_version" not in tables
-    assert _versions(empty_db_url) == ["0001"]
+    assert _versions(empty_db_url) == [REVISION]
 
 
 def test_downgrade_removes_everything_and_upgrade_again(empty_db_url: URL) -> None:
@@ -238,7 +238,7 @@ def test_downgrade_removes_everything_and_upgrade_again(empty_db_url: URL) -> No
 
     command.upgrade(config, "head")
     assert _table_names(empty_db_url) == {*TABLES, VERSION_TABLE}
-    assert _versions(empty_db_url) == ["0001"]
+    assert _versions(empty_db_url) == [REVISION]
 
 
 def test_offline_sql(tmp_path: Path) -> None:
@@ -255,6 +255,7 @@ def test_offline_sql(tmp_path: Path) -> None:
     assert "ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin" in sql  # MySQL, not SQLite
     assert "ON path_locks (customer_id, path(700))" in sql
     assert f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0001')" in sql
+    assert f"SET version_num='{REVISION}'" in sql
     assert "alembic_version " not in sql.replace(VERSION_TABLE, "")
 
 
@@ -265,7 +266,7 @@ def test_url_from_environment(empty_db_url: URL, tmp_path: Path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert _table_names(empty_db_url) == {*TABLES, VERSION_TABLE}
-    assert _versions(empty_db_url) == ["0001"]
+    assert _versions(empty_db_url) == [REVISION]
 
 
 def test_missing_url_is_a_clear_error(tmp_path: Path) -> None:
@@ -286,4 +287,4 @@ def test_url_from_ini(empty_db_url: URL, monkeypatch: pytest.MonkeyPatch) -> Non
 
     command.upgrade(config, "head")
 
-    assert _versions(empty_db_url) == ["0001"]
+    assert _versions(empty_db_url) == [REVISION]

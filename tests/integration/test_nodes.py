@@ -337,7 +337,9 @@ def test_cleanup_on_start_frees_what_a_killed_run_of_the_node_left(
         raw_engine,
         path_lock_waiters,
         [
-            _waiter_row(customer_id, [("/Shared/big", "exclusive")], now, 600, node_id=node),
+            # Queued requests block later conflicting ones: this one is
+            # elsewhere, so that the holder below is granted.
+            _waiter_row(customer_id, [("/queued", "exclusive")], now, 600, node_id=node),
             _waiter_row(customer_id, [("/kept", "shared")], now, 600, node_id=lookalike),
         ],
     )

@@ -20,7 +20,7 @@ from pathlock.errors import (
     LockTimeout,
     PathLockError,
 )
-from pathlock.types import EXCLUSIVE, SHARED, LockInfo, Owner
+from pathlock.types import EXCLUSIVE, SHARED, LockInfo, Owner, WaiterInfo
 
 ERROR_CLASSES = [
     value
@@ -50,6 +50,20 @@ def _info(
     )
 
 
+def _waiter(*paths: tuple[str, str], ticket: int = 7) -> WaiterInfo:
+    created = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    return WaiterInfo(
+        customer_id=42,
+        ticket=ticket,
+        paths=paths,  # type: ignore[arg-type]
+        lease_id="fedcba9876543210fedcba9876543210",
+        owner=Owner("web-2", 99, "5"),
+        reason="rename",
+        created_at=created,
+        expires_at=created + timedelta(seconds=5),
+    )
+
+
 def _examples() -> list[PathLockError]:
     return [
         PathLockError("plain"),
@@ -57,6 +71,8 @@ def _examples() -> list[PathLockError]:
         InvalidPath("/a/..", "contains a '..' component"),
         LockTimeout([("/a", EXCLUSIVE)], 2.5, [_info()]),
         DeadlockDetected([("/a", SHARED)], [_info()]),
+        DeadlockDetected([("/x", EXCLUSIVE)], [_info("/x")], _waiter(("/y", EXCLUSIVE))),
+        LockTimeout([("/a/b", EXCLUSIVE)], 1.0, [], [_waiter(("/a", SHARED))]),
         LeaseLost("abc123", "expired"),
         BackendError("acquire", ConnectionError("gone away"), "check the server"),
     ]
@@ -166,6 +182,34 @@ def test_deadlock_detected_carries_its_data() -> None:
     assert "/a/b (exclusive)" in message
     assert "web-1 pid 4242 thread 777" in message
     assert "'outer'" in message
+
+
+def test_deadlock_of_two_owners_names_the_other_party() -> None:
+    party = _waiter(("/y", EXCLUSIVE), ticket=31)
+    error = DeadlockDetected([("/x", EXCLUSIVE)], [_info("/x")], party)
+    assert error.party == party
+    message = str(error)
+    assert "would wait forever" in message
+    assert "/x (exclusive) held by web-1 pid 4242 thread 777" in message
+    assert "(ticket 31) for /y (exclusive)" in message
+
+
+def test_timeout_behind_the_queue_names_the_queued_requests() -> None:
+    ahead = _waiter(("/a", SHARED), ("/b", EXCLUSIVE), ticket=12)
+    error = LockTimeout([("/a/b", EXCLUSIVE)], 1.0, [], [ahead])
+    assert error.queued_behind == (ahead,)
+    message = str(error)
+    assert "queued behind ticket 12: /a (shared), /b (exclusive)" in message
+    assert "requested by web-2 pid 99 thread 5 for 'rename'" in message
+
+
+def test_long_paths_and_long_requests_are_shortened_in_messages() -> None:
+    paths = [(f"/{n:02d}" + "x" * 4000, EXCLUSIVE) for n in range(25)]
+    message = str(LockTimeout(paths, 1.0, [_info("/" + "y" * 4000)]))
+    assert len(message) < 2500
+    assert "(4003 characters)" in message
+    assert "(4001 characters)" in message
+    assert "and 15 more" in message
 
 
 def test_lease_lost_carries_its_data() -> None:

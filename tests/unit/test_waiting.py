@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathlock.errors import InvalidArgument, PathLockError
-from pathlock.waiting import LocalWakeups, ReverseExponentialBackoff
+from pathlock.waiting import ExponentialBackoff, LocalWakeups, ReverseExponentialBackoff
 
 PROPERTY = settings(max_examples=200, deadline=None)
 GENEROUS = 5.0  # seconds: how long a "prompt" wake-up may take on a loaded machine
@@ -393,3 +393,86 @@ def test_entries_are_cleaned_up_after_many_threads() -> None:
         assert not thread.is_alive()
     assert errors == []
     assert wakeups._entries == {}
+
+
+# -- ExponentialBackoff --------------------------------------------------------------
+
+
+def test_exponential_default_schedule() -> None:
+    policy = ExponentialBackoff()
+    assert [policy.delay(n) for n in range(1, 6)] == pytest.approx(
+        [0.002, 0.004, 0.008, 0.010, 0.010]
+    )
+
+
+@pytest.mark.parametrize("check", [10**3, 10**6, 10**18])
+def test_exponential_backoff_stays_at_its_maximum_for_long_waits(check: int) -> None:
+    # factor ** check would overflow a float long before this.
+    assert ExponentialBackoff().delay(check) == pytest.approx(0.010)
+
+
+@given(
+    first=st.floats(min_value=1e-4, max_value=1.0),
+    ratio=st.floats(min_value=1.0, max_value=100.0),
+    factor=st.floats(min_value=1.0, max_value=10.0),
+    check=st.integers(min_value=1, max_value=10**6),
+)
+@PROPERTY
+def test_exponential_backoff_grows_within_its_bounds(
+    first: float, ratio: float, factor: float, check: int
+) -> None:
+    policy = ExponentialBackoff(first=first, maximum=first * ratio, factor=factor)
+    delay = policy.delay(check)
+    assert first <= delay <= policy.maximum * (1 + 1e-9)
+    assert delay <= policy.delay(check + 1) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"first": 0},
+        {"first": -1},
+        {"first": 0.2, "maximum": 0.1},
+        {"maximum": math.inf},
+        {"first": math.nan},
+        {"factor": 0.5},
+        {"factor": math.nan},
+        {"jitter": 1.0},
+        {"jitter": -0.1},
+    ],
+)
+def test_exponential_backoff_rejects_bad_settings(options: dict[str, float]) -> None:
+    with pytest.raises(InvalidArgument):
+        ExponentialBackoff(**options)
+
+
+def test_exponential_backoff_jitter_spreads_around_the_schedule() -> None:
+    delays = ExponentialBackoff(jitter=0.2).start()
+    first = [delays.next() for _ in range(3)]
+    assert 0.0016 <= first[0] <= 0.0024
+    assert 0.0032 <= first[1] <= 0.0048
+
+
+def test_watch_wait_reports_whether_a_release_woke_it() -> None:
+    wakeups = LocalWakeups()
+    with wakeups.watch(1) as watch:
+        assert watch.wait(0.001) is False
+        wakeups.notify(1)
+        assert watch.wait(TIMEOUT) is True
+        wakeups.notify(2)  # another customer
+        assert watch.wait(0.001) is False
+
+
+def test_exponential_backoff_starts_over_when_the_queue_moves() -> None:
+    delays = ExponentialBackoff(jitter=0).start()
+    assert [delays.next() for _ in range(5)] == pytest.approx([0.002, 0.004, 0.008, 0.01, 0.01])
+    delays.reset()
+    assert delays.next() == pytest.approx(0.002)
+
+
+def test_the_seeds_backoff_never_starts_over() -> None:
+    # The seed counted retries per request; a reset would send it back to 250 ms.
+    delays = ReverseExponentialBackoff(jitter=0).start()
+    assert [delays.next() for _ in range(3)] == pytest.approx([0.25, 0.0158, 0.01], rel=1e-2)
+    delays.reset()
+    assert delays.next() == pytest.approx(0.01)

@@ -1,0 +1,139 @@
+"""The loop of one request: attempt; if denied, wait until another attempt can
+succeed; repeat until granted, timed out or deadlocked.
+
+Waiting holds no connection and no transaction. A denied request is queued (a
+row in ``path_lock_waiters``, written with its denial) and, between attempts,
+only watches: it sleeps as its wait policy says, and then reads the customer's
+sentinel ``version`` with a plain read. The version moves on every grant,
+release and give-up, so an unchanged version means nothing to retry.
+A release in this process wakes the waiter at once. Two things move no
+version: a lock that expires and a waiter that dies; a full attempt at least
+every :data:`RECHECK` seconds notices those.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from pathlock.errors import DeadlockDetected, LockTimeout, PathLockError
+from pathlock.records import WAITER_TTL, Deadlocked, Granted, GrantRequest
+from pathlock.store import Store
+from pathlock.waiting import Delays, LocalWakeups, WaitPolicy, Watch
+
+log = logging.getLogger(__name__)
+
+RECHECK = 1.0
+"""Seconds between full attempts of a waiter whose version watch sees nothing."""
+REFRESH = WAITER_TTL / 3
+"""Seconds between refreshes of a waiter's queue row (it lapses after
+:data:`~pathlock.records.WAITER_TTL` without one)."""
+
+
+def acquire(
+    store: Store,
+    wakeups: LocalWakeups,
+    policy: WaitPolicy,
+    request: GrantRequest,
+    *,
+    blocking: bool,
+    wait_limit: float | None,
+) -> tuple[int, float] | None:
+    """Attempt until ``request`` is granted: return its fencing token and the
+    monotonic time its granting attempt started. ``None`` if ``blocking`` is
+    false and the one attempt was denied. Raises :class:`LockTimeout` after
+    ``wait_limit`` seconds (``None``: no limit) and :class:`DeadlockDetected`
+    when waiting could never succeed. Whatever happens, the request leaves the
+    queue."""
+    deadline = math.inf if wait_limit is None else time.monotonic() + wait_limit
+    with wakeups.watch(request.customer_id) as watch:
+        place = _Place(store, request, watch, policy.start())
+        try:
+            while True:
+                started = time.monotonic()
+                # Queue only a request that will wait: one attempt that is
+                # denied costs no queue row.
+                queue = blocking and started < deadline
+                outcome = store.try_grant(request, place.ticket, queue=queue)
+                if isinstance(outcome, Granted):
+                    place.ticket = None  # the grant removed the queue row
+                    return outcome.fencing_token, started
+                if not blocking:
+                    return None  # a try-lock only reports the conflict
+                if isinstance(outcome, Deadlocked):
+                    raise DeadlockDetected(request.paths, outcome.held_by, outcome.party)
+                place.queued(outcome.ticket, started)
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(
+                        request.paths, wait_limit or 0.0, outcome.blockers, outcome.ahead
+                    )
+                place.wait(outcome.version, started, deadline)
+        finally:
+            place.leave()
+
+
+class _Place:
+    """A request's place in the queue and its watch between attempts."""
+
+    def __init__(self, store: Store, request: GrantRequest, watch: Watch, delays: Delays) -> None:
+        self._store = store
+        self._customer_id = request.customer_id
+        self._lease_id = request.lease_id
+        self._watch = watch
+        self._delays = delays
+        self.ticket: int | None = None
+        self._refresh_due = math.inf
+        self._version: int | None = None
+
+    def queued(self, ticket: int | None, attempt_started: float) -> None:
+        if ticket is not None and ticket != self.ticket:
+            # The row was written by the attempt, which started at this time.
+            self._refresh_due = attempt_started + REFRESH
+        self.ticket = ticket
+
+    def wait(self, version: int, last_attempt: float, deadline: float) -> None:
+        """Return when another attempt may succeed: the version moved, a local
+        release happened, the recheck is due, or the deadline passed. Keeps
+        the queue row alive meanwhile."""
+        if version != self._version:
+            if self._version is not None:
+                self._delays.reset()  # the queue moved since the last attempt
+            self._version = version
+        recheck_at = min(last_attempt + RECHECK, deadline)
+        while True:
+            now = time.monotonic()
+            wake_at = min(now + self._delays.next(), recheck_at)
+            if self.ticket is not None:
+                wake_at = min(wake_at, self._refresh_due)
+            if self._watch.wait(max(0.0, wake_at - now)):
+                return  # a release in this process
+            now = time.monotonic()
+            if now >= recheck_at:
+                return
+            if self.ticket is not None and now >= self._refresh_due:
+                if not self._store.refresh_waiter(self._lease_id, self.ticket):
+                    # Lapsed (this process stalled) or deleted by an operator:
+                    # queue again, behind whoever queued meanwhile.
+                    self.ticket = None
+                    return
+                self._refresh_due = now + REFRESH
+            if self._store.version(self._customer_id) != version:
+                return
+
+    def leave(self) -> None:
+        """Give up the place (timeout, deadlock, error, interrupt)."""
+        if self.ticket is None:
+            return
+        ticket, self.ticket = self.ticket, None
+        try:
+            self._store.leave_queue(self._customer_id, self._lease_id, ticket)
+        except PathLockError as error:
+            log.warning(
+                "could not leave the queue (customer %d, ticket %d); the row stops "
+                "counting within %g s: %s",
+                self._customer_id,
+                ticket,
+                WAITER_TTL,
+                error,
+            )

@@ -1,0 +1,97 @@
+"""The locks of one customer: what a file server calls on every request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from pathlock.lease import Lease, LostCallback
+from pathlock.types import LockInfo
+
+if TYPE_CHECKING:
+    from pathlock.manager import PathLockManager
+
+
+class CustomerLocks:
+    """The locks of one customer; get one from :meth:`PathLockManager.for_customer`."""
+
+    def __init__(self, manager: PathLockManager, customer_id: int) -> None:
+        self.manager = manager
+        self.customer_id = customer_id
+
+    def lock_paths(
+        self,
+        *paths: str,
+        shared: Iterable[str] = (),
+        timeout: float | None = None,
+        reason: str = "",
+        ttl: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        """Lock every path at once, all or nothing, waiting while any conflicts.
+
+        Positional paths are locked exclusive, ``shared`` ones shared. A lock
+        covers the path's whole subtree and conflicts with locks on the same
+        path, its ancestors and its descendants (shared + shared excepted).
+        ``timeout=None`` waits without limit, ``0`` makes one attempt; on expiry
+        :class:`LockTimeout` names the holders (or the queued requests) that
+        blocked the last attempt.
+
+        Waiting is first come, first served among conflicting requests: a
+        blocked request is queued, and no later request that conflicts with it
+        is granted before it (requests that do not conflict never wait for each
+        other). A queued request that waits for locks of this owner does not
+        hold this owner back. :class:`DeadlockDetected` is raised at once when
+        waiting could never succeed: the request is blocked only by locks of its
+        own owner (this node, process and thread), or by locks of an owner that
+        is itself queued for something this owner holds.
+
+        ``ttl`` overrides the manager's lease duration; ``on_lost`` is called if
+        this lease is lost.
+        """
+        lease = self.manager._acquire(
+            self.customer_id,
+            paths,
+            shared,
+            timeout=timeout,
+            reason=reason,
+            ttl=ttl,
+            blocking=True,
+            on_lost=on_lost,
+        )
+        if lease is None:  # pragma: no cover - a blocking acquire returns or raises
+            raise AssertionError("blocking acquire returned no lease")
+        return lease
+
+    def try_lock_paths(
+        self,
+        *paths: str,
+        shared: Iterable[str] = (),
+        reason: str = "",
+        ttl: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lease | None:
+        """One attempt: a :class:`Lease`, or ``None`` if anything conflicts."""
+        return self.manager._acquire(
+            self.customer_id,
+            paths,
+            shared,
+            timeout=0,
+            reason=reason,
+            ttl=ttl,
+            blocking=False,
+            on_lost=on_lost,
+        )
+
+    def release_locks(self) -> int:
+        """Release every lease that this owner (this node, process and thread)
+        holds for this customer; return the number of paths released."""
+        self.manager._check_open()
+        return self.manager._release_owner(self.customer_id)
+
+    def list_locks(self, *, include_expired: bool = False) -> list[LockInfo]:
+        """This customer's locked paths (see :meth:`PathLockManager.list_locks`)."""
+        return self.manager.list_locks(self.customer_id, include_expired=include_expired)
+
+    def __repr__(self) -> str:
+        return f"<CustomerLocks customer_id={self.customer_id} {self.manager!r}>"

@@ -1,0 +1,74 @@
+"""Who a blocked request waits for: the queue rules, pure and without SQL.
+
+The store reads the customer's live waiters and the requesting owner's own
+locks inside the attempt's transaction (under the sentinel, so the picture is
+the one the grant is judged against) and asks this module two questions:
+
+- :func:`waiters_ahead`: which earlier queued requests must go first. FIFO among
+  conflicting requests, except that a waiter which waits (directly, or behind
+  another such waiter) for locks of the requesting owner is not waited for:
+  otherwise the owner would wait for a waiter that waits for the owner, a
+  deadlock made by fairness alone.
+- :func:`deadlock_party`: whether the request closes a cycle of two owners, each
+  holding what the other waits for. Then waiting can only end in timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pathlock.paths import conflicts
+from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
+
+
+def requests_conflict(first: Iterable[PathMode], second: Iterable[PathMode]) -> bool:
+    """True when some pair of the two requests' (path, mode) pairs conflicts."""
+    others = tuple(second)
+    return any(conflicts(mine, other) for mine in first for other in others)
+
+
+def waiters_ahead(
+    request: Sequence[PathMode],
+    earlier: Sequence[WaiterInfo],
+    owner_locks: Sequence[PathMode],
+) -> list[WaiterInfo]:
+    """The waiters of ``earlier`` (live, older tickets, oldest first) that
+    ``request`` must let go first.
+
+    A waiter is passed over when it waits for the requesting owner: its request
+    conflicts with one of ``owner_locks`` (the owner's live locks), or with an
+    older waiter that is itself passed over for that reason (it queues behind
+    it). Every other earlier waiter whose request conflicts with ``request`` is
+    ahead.
+    """
+    behind_owner: list[WaiterInfo] = []
+    ahead: list[WaiterInfo] = []
+    for waiter in sorted(earlier, key=lambda info: info.ticket):
+        if requests_conflict(waiter.paths, owner_locks) or any(
+            requests_conflict(waiter.paths, passed.paths) for passed in behind_owner
+        ):
+            behind_owner.append(waiter)
+        elif requests_conflict(waiter.paths, request):
+            ahead.append(waiter)
+    return ahead
+
+
+def deadlock_party(
+    owner: Owner,
+    blockers: Sequence[LockInfo],
+    waiters: Sequence[WaiterInfo],
+    owner_locks: Sequence[PathMode],
+) -> WaiterInfo | None:
+    """The queued request of another owner that closes a cycle, or ``None``.
+
+    ``blockers`` are the live locks that deny the request of ``owner``;
+    ``waiters`` the customer's live queued requests. If an owner of a blocker
+    is itself queued for something that ``owner_locks`` (the requesting owner's
+    live locks) block, each of the two holds what the other waits for: neither
+    lock will be released while both wait.
+    """
+    holders = {info.owner for info in blockers} - {owner}
+    for waiter in sorted(waiters, key=lambda info: info.ticket):
+        if waiter.owner in holders and requests_conflict(waiter.paths, owner_locks):
+            return waiter
+    return None
