@@ -6,9 +6,12 @@ row in ``path_lock_waiters``, written with its denial) and, between attempts,
 only watches: it sleeps as its wait policy says, and then reads the customer's
 sentinel ``version`` with a plain read. The version moves on every grant,
 release and give-up, so an unchanged version means nothing to retry.
-A release in this process wakes the waiter at once. Two things move no
-version: a lock that expires and a waiter that dies; a full attempt at least
-every :data:`RECHECK` seconds notices those.
+A release in this process wakes the waiter at once. When the version moved,
+the next in line attempts at once; the others first judge with plain reads (no
+sentinel) whether an attempt would succeed, and make one only then: they do
+not queue up on the sentinel row at every hand-off. Two things move no version: a
+lock that expires and a waiter that dies; the same check every
+:data:`RECHECK` seconds notices those.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlock.waiting import Delays, LocalWakeups, WaitPolicy, Watch
 log = logging.getLogger(__name__)
 
 RECHECK = 1.0
-"""Seconds between full attempts of a waiter whose version watch sees nothing."""
+"""Seconds between checks of a waiter whose version watch sees nothing."""
 REFRESH = WAITER_TTL / 3
 """Seconds between refreshes of a waiter's queue row (it lapses after
 :data:`~pathlock.records.WAITER_TTL` without one)."""
@@ -63,7 +66,7 @@ def acquire(
                     return None  # a try-lock only reports the conflict
                 if isinstance(outcome, Deadlocked):
                     raise DeadlockDetected(request.paths, outcome.held_by, outcome.party)
-                place.queued(outcome.ticket, started)
+                place.queued(outcome.ticket, started, next_in_line=not outcome.ahead)
                 if time.monotonic() >= deadline:
                     raise LockTimeout(
                         request.paths, wait_limit or 0.0, outcome.blockers, outcome.ahead
@@ -78,6 +81,7 @@ class _Place:
 
     def __init__(self, store: Store, request: GrantRequest, watch: Watch, delays: Delays) -> None:
         self._store = store
+        self._request = request
         self._customer_id = request.customer_id
         self._lease_id = request.lease_id
         self._watch = watch
@@ -85,32 +89,32 @@ class _Place:
         self.ticket: int | None = None
         self._refresh_due = math.inf
         self._version: int | None = None
+        self._next_in_line = False
 
-    def queued(self, ticket: int | None, attempt_started: float) -> None:
+    def queued(self, ticket: int | None, attempt_started: float, *, next_in_line: bool) -> None:
         if ticket is not None and ticket != self.ticket:
             # The row was written by the attempt, which started at this time.
             self._refresh_due = attempt_started + REFRESH
         self.ticket = ticket
+        self._next_in_line = next_in_line
 
     def wait(self, version: int, last_attempt: float, deadline: float) -> None:
-        """Return when another attempt may succeed: the version moved, a local
-        release happened, the recheck is due, or the deadline passed. Keeps
-        the queue row alive meanwhile."""
-        if version != self._version:
-            if self._version is not None:
-                self._delays.reset()  # the queue moved since the last attempt
-            self._version = version
-        recheck_at = min(last_attempt + RECHECK, deadline)
+        """Return when another attempt can succeed (a plain-read check says
+        so after the version moved, or at the recheck), when a local release
+        happened, or when the deadline passed. Keeps the queue row alive
+        meanwhile."""
+        self._moved_to(version)
+        recheck_at = last_attempt + RECHECK
         while True:
             now = time.monotonic()
-            wake_at = min(now + self._delays.next(), recheck_at)
+            wake_at = min(now + self._delays.next(), recheck_at, deadline)
             if self.ticket is not None:
                 wake_at = min(wake_at, self._refresh_due)
             if self._watch.wait(max(0.0, wake_at - now)):
                 return  # a release in this process
             now = time.monotonic()
-            if now >= recheck_at:
-                return
+            if now >= deadline:
+                return  # one last attempt, for its answer
             if self.ticket is not None and now >= self._refresh_due:
                 if not self._store.refresh_waiter(self._lease_id, self.ticket):
                     # Lapsed (this process stalled) or deleted by an operator:
@@ -118,8 +122,24 @@ class _Place:
                     self.ticket = None
                     return
                 self._refresh_due = now + REFRESH
-            if self._store.version(self._customer_id) != version:
+            current = self._store.version(self._customer_id)
+            moved = current != self._version
+            if not moved and now < recheck_at:
+                continue
+            self._moved_to(current)
+            if moved and self._next_in_line:
+                return  # the likely next grant: straight to the attempt
+            recheck_at = now + RECHECK
+            outlook = self._store.could_grant(self._request, self.ticket)
+            if outlook.free:
                 return
+            self._next_in_line = outlook.next_in_line
+
+    def _moved_to(self, version: int) -> None:
+        if version != self._version:
+            if self._version is not None:
+                self._delays.reset()  # the queue is moving
+            self._version = version
 
     def leave(self) -> None:
         """Give up the place (timeout, deadlock, error, interrupt)."""

@@ -40,7 +40,8 @@ class Granted:
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """The attempt was denied by live conflicting rows (``blockers``, at most
-    :data:`MAX_BLOCKERS`) or by older queued requests (``ahead``). ``ticket``
+    :data:`MAX_BLOCKERS`) and/or older queued requests that must go first
+    (``ahead``). ``ticket``
     is the request's place in the queue (``None``: not queued) and
     ``version`` the customer's sentinel version as the attempt left it."""
 
@@ -48,6 +49,15 @@ class Blocked:
     ahead: tuple[WaiterInfo, ...]
     ticket: int | None
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What plain reads say of a waiting request: whether an attempt would be
+    granted now, and whether no older queued request must go first."""
+
+    free: bool
+    next_in_line: bool
 
 
 @dataclass(frozen=True, slots=True)

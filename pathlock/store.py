@@ -27,6 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -48,6 +49,7 @@ from pathlock.records import (
     Deadlocked,
     Granted,
     GrantRequest,
+    Outlook,
     as_utc,
     grant_parameters,
     lock_info,
@@ -93,6 +95,38 @@ from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+@dataclass
+class _Picture:
+    """Who is in the way of a request: live conflicting locks (``blockers``)
+    and the older queued requests that must go first (``ahead``); ``queued``
+    is the customer's whole live queue."""
+
+    blockers: tuple[LockInfo, ...]
+    queued: list[WaiterInfo]
+    ahead: tuple[WaiterInfo, ...]
+    owner_locks: _OwnerLocks
+
+    @classmethod
+    def read(
+        cls,
+        connection: Connection,
+        request: GrantRequest,
+        ticket: int | None,
+        parameters: dict[str, Any],
+    ) -> _Picture:
+        blockers = tuple(
+            lock_info(row)
+            for row in connection.execute(blockers_query(*shape(request.paths)), parameters)
+        )
+        queued = [waiter_info(row) for row in connection.execute(LIVE_WAITERS, parameters)]
+        owner_locks = _OwnerLocks(connection, parameters)
+        ahead: list[WaiterInfo] = []
+        earlier = [info for info in queued if ticket is None or info.ticket < ticket]
+        if any(requests_conflict(info.paths, request.paths) for info in earlier):
+            ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
+        return cls(blockers, queued, tuple(ahead), owner_locks)
 
 
 class _OwnerLocks:
@@ -264,26 +298,20 @@ class Store:
         # Denied: read who is in the way while still holding the sentinel, so
         # the picture is the one that denied us (the grant's parameters hold
         # the conflict query's, and more).
-        blockers = tuple(
-            lock_info(row) for row in connection.execute(blockers_query(*request_shape), parameters)
-        )
-        queued = [waiter_info(row) for row in connection.execute(LIVE_WAITERS, parameters)]
-        owner_locks = _OwnerLocks(connection, parameters)
-        ahead: list[WaiterInfo] = []
-        if blockers:
-            deadlock = _deadlock(request.owner, blockers, queued, owner_locks)
+        picture = _Picture.read(connection, request, ticket, parameters)
+        if picture.blockers:
+            deadlock = _deadlock(
+                request.owner, picture.blockers, picture.queued, picture.owner_locks
+            )
             if deadlock is not None:
                 connection.rollback()
                 return deadlock
-        else:
-            # Only the queue was in the way: judge it request by request.
-            earlier = [info for info in queued if ticket is None or info.ticket < ticket]
-            if any(requests_conflict(info.paths, request.paths) for info in earlier):
-                ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
-            if not ahead and self._insert(
-                connection, request, request_shape, parameters, queued=False
-            ):
-                return self._granted(connection, request, token, ticket)
+        elif not picture.ahead and self._insert(
+            connection, request, request_shape, parameters, queued=False
+        ):
+            # The queue was not empty, but nobody in it conflicts.
+            return self._granted(connection, request, token, ticket)
+        blockers, ahead = picture.blockers, picture.ahead
         if queue and ticket is None:
             # Queued under the sentinel, so every later grant sees it. The
             # version stays put: nobody watching has anything new to try.
@@ -292,7 +320,7 @@ class Store:
             connection.commit()
         else:
             connection.rollback()  # the version bump goes with it
-        return Blocked(blockers, tuple(ahead), ticket, token - 1)
+        return Blocked(blockers, ahead, ticket, token - 1)
 
     @staticmethod
     def _insert(
@@ -322,6 +350,22 @@ class Store:
             connection.execute(DEQUEUE, parameters)
         connection.commit()
         return Granted(token)
+
+    def could_grant(self, request: GrantRequest, ticket: int | None) -> Outlook:
+        """Whether an attempt would grant ``request`` now, judged by plain
+        reads without the sentinel: a waiter asks this when the version moved
+        (or at its recheck) and makes a real attempt only if so. Many waiters
+        asking at once therefore do not queue up on the sentinel row."""
+        parameters = grant_parameters(request, 0)
+
+        def attempt(connection: Connection, _number: int) -> Outlook:
+            picture = _Picture.read(connection, request, ticket, parameters)
+            connection.rollback()
+            return Outlook(
+                free=not picture.blockers and not picture.ahead, next_in_line=not picture.ahead
+            )
+
+        return self._run("watching the queue", attempt, read_only=True)
 
     def leave_queue(self, customer_id: int, lease_id: str, ticket: int) -> None:
         """Remove a request that gives up (timeout, error) from the queue. The
