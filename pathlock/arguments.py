@@ -14,7 +14,7 @@ import math
 from importlib import metadata
 from typing import NoReturn
 
-from pathlock import reaper, validation
+from pathlock import bench, reaper, validation
 from pathlock.backends import URL_ENV_VAR, default_sqlite_path
 from pathlock.errors import PathLockError
 from pathlock.runner import (
@@ -38,6 +38,7 @@ examples:
   pathlock release 5f0c3e0d9b6a4c1e8a2f7d3b1c9e6a40
   pathlock reap --quiet                  # from cron
   pathlock db upgrade --sql > pathlock.sql
+  pathlock bench --quick --no-report
 
 The database is --database-url URL (e.g. mysql+pymysql://user:password@db-host/app),
 else ${URL_ENV_VAR}, else the embedded SQLite file
@@ -112,6 +113,25 @@ examples:
 With --sql nothing connects: the URL only names the SQL dialect to print.
 """
 
+BENCH_EPILOG = (
+    f"""\
+examples:
+  pathlock bench                          # everything; writes {bench.DEFAULT_OUTPUT}
+  pathlock bench --only 3,5 --no-report   # fairness and hand-off, printed only
+  pathlock bench --quick --output /tmp/bench.md   # a smoke test, in well under a minute
+
+experiments:
+"""
+    + "".join(f"  {number}  {title}\n" for number, title in bench.EXPERIMENTS.items())
+    + f"""
+Each figure is printed beside its baseline, measured in the same run. The
+report goes to --output, the fairness plot ({bench.PLOT_NAME}) beside it
+(it needs matplotlib: pip install 'pathlock[bench]'). The suite needs a
+MySQL/MariaDB server of its own: it adds and deletes many rows, and
+experiment 7 reaps every expired row of the database.
+"""
+)
+
 
 class _Parser(argparse.ArgumentParser):
     """An argparse parser whose usage errors are one line, like every error."""
@@ -157,6 +177,22 @@ def _count(text: str) -> int:
     return count
 
 
+def _experiments(text: str) -> tuple[int, ...]:
+    chosen = []
+    for part in text.split(","):
+        try:
+            number = int(part)
+        except ValueError:
+            number = 0
+        if number not in bench.EXPERIMENTS:
+            raise argparse.ArgumentTypeError(
+                f"not a list of experiments {min(bench.EXPERIMENTS)} to "
+                f"{max(bench.EXPERIMENTS)}: {text!r}"
+            )
+        chosen.append(number)
+    return tuple(chosen)
+
+
 def _customer(text: str) -> int:
     try:
         return validation.customer_id(int(text))
@@ -169,7 +205,14 @@ def _customer(text: str) -> int:
 # -- the parser -----------------------------------------------------------------------
 
 
-def _common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+DATABASE_URL_HELP = (
+    f"SQLAlchemy URL of the database (default: ${URL_ENV_VAR}, else the embedded SQLite file)"
+)
+
+
+def _common_options(
+    parser: argparse.ArgumentParser, *, defaults: bool, url_help: str = DATABASE_URL_HELP
+) -> None:
     """The options every subcommand takes, before or after its name. Only the
     top-level parser has defaults: a subcommand's would overwrite a value
     given before the subcommand's name."""
@@ -177,8 +220,7 @@ def _common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         "--database-url",
         metavar="URL",
         default=None if defaults else argparse.SUPPRESS,
-        help=f"SQLAlchemy URL of the database (default: ${URL_ENV_VAR}, else the "
-        "embedded SQLite file)",
+        help=url_help,
     )
     parser.add_argument(
         "-v",
@@ -195,6 +237,7 @@ def _subcommand(
     *,
     summary: str,
     epilog: str,
+    url_help: str = DATABASE_URL_HELP,
 ) -> _Parser:
     parser = subparsers.add_parser(
         name,
@@ -204,7 +247,7 @@ def _subcommand(
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    _common_options(parser, defaults=False)
+    _common_options(parser, defaults=False, url_help=url_help)
     parser.set_defaults(subcommand=name, usage_error=parser.error, failure_status=EXIT_ERROR)
     return parser
 
@@ -358,6 +401,45 @@ def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
 
 
+def _add_bench(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = _subcommand(
+        subparsers,
+        "bench",
+        summary="run the benchmark suite and write its report",
+        epilog=BENCH_EPILOG,
+        url_help=f"the MySQL/MariaDB server to measure (default: {bench.DEFAULT_URL}, "
+        f"not ${URL_ENV_VAR})",
+    )
+    parser.add_argument(
+        "--url",
+        dest="database_url",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="the same as --database-url",
+    )
+    parser.add_argument(
+        "--only",
+        type=_experiments,
+        default=(),
+        metavar="N[,N...]",
+        help="run only these experiments (default: all)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes: a smoke test whose figures mean nothing"
+    )
+    report = parser.add_mutually_exclusive_group()
+    report.add_argument(
+        "--output",
+        default=bench.DEFAULT_OUTPUT,
+        metavar="PATH",
+        help=f"where the markdown report goes (default: {bench.DEFAULT_OUTPUT}, from the "
+        "current directory)",
+    )
+    report.add_argument(
+        "--no-report", action="store_true", help="only print the figures; write no file"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (``pathlock --help`` shows it)."""
     parser = _Parser(
@@ -373,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         title="subcommands", required=True, metavar="SUBCOMMAND", parser_class=_Parser
     )
-    for add in (_add_lock, _add_ls, _add_release, _add_reap, _add_reaper, _add_db):
+    for add in (_add_lock, _add_ls, _add_release, _add_reap, _add_reaper, _add_db, _add_bench):
         add(subparsers)
     return parser
 

@@ -1,4 +1,5 @@
-"""The ``pathlock`` command line: lock around a command, list, release, reap, migrate.
+"""The ``pathlock`` command line: lock around a command, list, release, reap,
+migrate, benchmark.
 
 What it accepts is :mod:`pathlock.arguments`; each subcommand here is a thin
 layer over :class:`PathLockManager` (``lock`` over :mod:`pathlock.runner`,
@@ -20,8 +21,9 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from pathlock import listing
+from pathlock import bench, listing
 from pathlock.arguments import EXIT_ERROR, build_parser
 from pathlock.backends import default_database_url
 from pathlock.errors import PathLockError
@@ -171,6 +173,21 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _bench(args: argparse.Namespace) -> int:
+    # Only the benchmarks need multiprocessing, matplotlib and the experiments.
+    from pathlock.bench import suite  # noqa: PLC0415
+
+    suite.run(
+        # Not the embedded default: the figures are about a server.
+        url=args.database_url or bench.DEFAULT_URL,
+        only=args.only,
+        quick=args.quick,
+        output=None if args.no_report else Path(args.output),
+        write=_write,
+    )
+    return EXIT_OK
+
+
 # -- running it -----------------------------------------------------------------------
 
 
@@ -181,6 +198,7 @@ _SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "reap": _reap,
     "reaper": _reaper,
     "db upgrade": _db_upgrade,
+    "bench": _bench,
 }
 
 

@@ -1,0 +1,197 @@
+"""What the benchmarks do to the database besides locking: the floor's
+scratch table, bulk rows, clean-up, and the server's description."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import Engine, bindparam, delete, insert, select, text
+
+from pathlock.schema import customer_locks, path_lock_waiters, path_locks
+from pathlock.statements import now
+from pathlock.types import EXCLUSIVE
+
+FLOOR_TABLE = "pathlock_bench_floor"
+BULK_NODE = "pathlock-bench-bulk"
+
+# One INSERT ... SELECT (or executemany) per chunk: transactions stay moderate.
+_INSERT_CHUNK = 100_000
+_EXECUTEMANY_CHUNK = 10_000
+# Rows per DELETE when cleaning up, so a big clean-up never stalls the server.
+_DELETE_CHUNK = 10_000
+# Random customer ids leave room for a block of consecutive ids above them.
+_CUSTOMER_ID_SPACE = 2**62
+
+
+class Floor:
+    """The floor of a lock that is written and then removed: two single-row
+    durable commits (INSERT, then DELETE) on a scratch table, over the same
+    driver. ``acquire`` and ``release`` mirror a lock's so the same loops time
+    both."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._insert = text(f"INSERT INTO {FLOOR_TABLE} (id) VALUES (:k)")
+        self._delete = text(f"DELETE FROM {FLOOR_TABLE} WHERE id = :k")
+
+    def acquire(self, _path: str, _timeout: float) -> int:
+        key = secrets.randbelow(2**62)
+        with self.engine.connect() as connection:
+            connection.execute(self._insert, {"k": key})
+            connection.commit()
+        return key
+
+    def release(self, key: int) -> None:
+        with self.engine.connect() as connection:
+            connection.execute(self._delete, {"k": key})
+            connection.commit()
+
+
+def create_floor_table(engine: Engine) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            text(f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (id BIGINT PRIMARY KEY) ENGINE=InnoDB")
+        )
+
+
+def drop_floor_table(engine: Engine) -> None:
+    with engine.begin() as connection:
+        connection.execute(text(f"DROP TABLE IF EXISTS {FLOOR_TABLE}"))
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    version: str
+    flush_log_at_trx_commit: str
+    mariadb: bool
+
+
+def describe_server(engine: Engine) -> Server:
+    with engine.connect() as connection:
+        version = connection.execute(text("SELECT VERSION()")).scalar_one()
+        flush = connection.execute(text("SELECT @@innodb_flush_log_at_trx_commit")).scalar_one()
+    return Server(str(version), str(flush), bool(getattr(engine.dialect, "is_mariadb", False)))
+
+
+def fresh_customers(count: int) -> range:
+    """``count`` consecutive customer ids no test or earlier run has used
+    (random, in a space of 2**62)."""
+    first = secrets.randbelow(_CUSTOMER_ID_SPACE) + 1
+    return range(first, first + count)
+
+
+def delete_customers(engine: Engine, customers: range) -> None:
+    """Delete every row of ``customers``: locks (in chunks), waiters and
+    sentinels. The benchmarks' ids are random and never reused, so deleting
+    the sentinels cannot make a fencing token go back for anyone."""
+    in_range = path_locks.c.customer_id.between(customers.start, customers.stop - 1)
+    chunk = select(path_locks.c.id).where(in_range).limit(_DELETE_CHUNK)
+    while True:
+        with engine.begin() as connection:
+            ids = list(connection.execute(chunk).scalars())
+            if ids:
+                connection.execute(delete(path_locks).where(path_locks.c.id.in_(ids)))
+        if len(ids) < _DELETE_CHUNK:
+            break
+    with engine.begin() as connection:
+        connection.execute(
+            delete(path_lock_waiters).where(
+                path_lock_waiters.c.customer_id.between(customers.start, customers.stop - 1)
+            )
+        )
+        connection.execute(
+            delete(customer_locks).where(
+                customer_locks.c.customer_id.between(customers.start, customers.stop - 1)
+            )
+        )
+
+
+@contextmanager
+def customers_of(engine: Engine, count: int) -> Iterator[range]:
+    """Fresh customer ids for one experiment; their rows are deleted afterwards."""
+    customers = fresh_customers(count)
+    try:
+        yield customers
+    finally:
+        delete_customers(engine, customers)
+
+
+def insert_bulk_rows(
+    engine: Engine, customers: range, rows: int, *, expires_in: timedelta, prefix: str
+) -> None:
+    """Insert ``rows`` exclusive locks spread over ``customers``, at paths
+    ``{prefix}{n % 1000}/{n}``, expiring ``expires_in`` from now (negative:
+    already expired), a microsecond apart. MariaDB generates them on the
+    server (its SEQUENCE engine's ``seq_1_to_N`` tables); other servers get
+    them by executemany in chunks."""
+    if getattr(engine.dialect, "is_mariadb", False):
+        _insert_from_sequence(engine, customers, rows, expires_in=expires_in, prefix=prefix)
+    else:
+        _insert_many(engine, customers, rows, expires_in=expires_in, prefix=prefix)
+
+
+def _insert_from_sequence(
+    engine: Engine, customers: range, rows: int, *, expires_in: timedelta, prefix: str
+) -> None:
+    for start in range(1, rows + 1, _INSERT_CHUNK):
+        stop = min(rows, start + _INSERT_CHUNK - 1)
+        # The table name holds two integers we computed: nothing to escape.
+        statement = text(
+            "INSERT INTO path_locks (customer_id, lease_id, path, mode, node_id, pid, thread, "
+            "reason, fencing_token, created_at, expires_at) "
+            "SELECT :first + seq MOD :count, CONCAT('bulk', LPAD(seq, 28, '0')), "
+            "CONCAT(:prefix, seq MOD 1000, '/', seq), :mode, :node, 0, 'bulk', '', 1, "
+            "UTC_TIMESTAMP(6) - INTERVAL 1 DAY, "
+            # seq is unsigned: a negative shift needs it signed.
+            "TIMESTAMPADD(MICROSECOND, :shift + CAST(seq AS SIGNED), UTC_TIMESTAMP(6)) "
+            f"FROM seq_{start}_to_{stop}"
+        )
+        with engine.begin() as connection:
+            connection.execute(
+                statement,
+                {
+                    "first": customers.start,
+                    "count": len(customers),
+                    "prefix": prefix,
+                    "mode": EXCLUSIVE,
+                    "node": BULK_NODE,
+                    "shift": round(expires_in / timedelta(microseconds=1)),
+                },
+            )
+
+
+def _insert_many(
+    engine: Engine, customers: range, rows: int, *, expires_in: timedelta, prefix: str
+) -> None:
+    with engine.connect() as connection:
+        base = connection.execute(select(now())).scalar_one()
+        connection.rollback()
+    statement = insert(path_locks).values(
+        customer_id=bindparam("c_id"),
+        lease_id=bindparam("l_id"),
+        path=bindparam("path"),
+        mode=EXCLUSIVE,
+        node_id=BULK_NODE,
+        pid=0,
+        thread="bulk",
+        reason="",
+        fencing_token=1,
+        created_at=base - timedelta(days=1),
+        expires_at=bindparam("expires"),
+    )
+    for start in range(1, rows + 1, _EXECUTEMANY_CHUNK):
+        batch = [
+            {
+                "c_id": customers.start + n % len(customers),
+                "l_id": f"bulk{n:028d}",
+                "path": f"{prefix}{n % 1000}/{n}",
+                "expires": base + expires_in + timedelta(microseconds=n),
+            }
+            for n in range(start, min(rows, start + _EXECUTEMANY_CHUNK - 1) + 1)
+        ]
+        with engine.begin() as connection:
+            connection.execute(statement, batch)
