@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import URL, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from pathlock import batch
 from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
 from pathlock.schema import REVISION, VERSION_TABLE
 
@@ -100,9 +101,11 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         }
         options["isolation_level"] = ISOLATION_LEVEL
         try:
-            return create_engine(url, **options), True
+            engine = create_engine(url, **options)
         except (SQLAlchemyError, ValueError, ImportError) as error:
             raise BackendError("creating the database engine", error) from error
+        batch.allow_batches(engine)
+        return engine, True
     kind = type(database).__name__
     raise ArgumentTypeError(
         f"database must be a URL string, a sqlalchemy URL, an Engine or None, got {kind}"

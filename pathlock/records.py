@@ -107,7 +107,7 @@ def waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
     )
 
 
-def grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
+def grant_parameters(request: GrantRequest) -> dict[str, Any]:
     parameters = conflict_parameters(request.paths)
     for n, (path, mode) in enumerate(request.paths):
         parameters[f"rq_path_{n}"] = path
@@ -119,7 +119,6 @@ def grant_parameters(request: GrantRequest, token: int) -> dict[str, Any]:
         o_pid=request.owner.pid,
         o_thread=request.owner.thread,
         why=request.reason,
-        token=token,
         ttl_us=round(request.ttl * 1_000_000),
     )
     return parameters

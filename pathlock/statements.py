@@ -221,19 +221,30 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
             for n in range(exclusive + shared)
         )
     ).subquery("requested")
-    values = select(
-        bindparam("c_id", type_=BigInteger),
-        bindparam("l_id", type_=String),
-        requested.c.path,
-        requested.c.mode,
-        bindparam("o_node", type_=String),
-        bindparam("o_pid", type_=Integer),
-        bindparam("o_thread", type_=String),
-        bindparam("why", type_=String),
-        bindparam("token", type_=BigInteger),
-        now(),
-        now_plus(bindparam("ttl_us", type_=BigInteger)),
-    ).where(~exists().where(conflict_condition(exclusive, shared)))
+    values = (
+        select(
+            bindparam("c_id", type_=BigInteger),
+            bindparam("l_id", type_=String),
+            requested.c.path,
+            requested.c.mode,
+            bindparam("o_node", type_=String),
+            bindparam("o_pid", type_=Integer),
+            bindparam("o_thread", type_=String),
+            bindparam("why", type_=String),
+            # The fencing token: the sentinel's version as this transaction's own
+            # write left it, so the statement needs no value from the client and
+            # can be sent together with that write (pathlock.batch). Joining the
+            # sentinel row also means no row goes in if it does not exist: then
+            # nothing serialized this grant.
+            customer_locks.c.version,
+            now(),
+            now_plus(bindparam("ttl_us", type_=BigInteger)),
+        )
+        .select_from(
+            requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
+        )
+        .where(~exists().where(conflict_condition(exclusive, shared)))
+    )
     if queued:
         values = values.where(~exists().where(queue_condition()))
     columns = [

@@ -40,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from pathlock import batch
 from pathlock.backends import READ_ONLY, check_dialect
 from pathlock.errors import BackendError
 from pathlock.fairness import deadlock_party, requests_conflict, waiters_ahead
@@ -261,6 +262,10 @@ class Store:
         """
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
+            if number == 1 and batch.supports_batches(connection):
+                outcome = self._grant_batched(connection, request, ticket, queue)
+                if outcome is not None:
+                    return outcome
             token = self._bump(connection, request.customer_id)
             known = ticket
             if number > 1:
@@ -279,6 +284,35 @@ class Store:
 
         return self._run("acquiring locks", attempt)
 
+    def _grant_batched(
+        self, connection: Connection, request: GrantRequest, ticket: int | None, queue: bool
+    ) -> Granted | Blocked | Deadlocked | None:
+        """The first two statements of :meth:`_grant` (sentinel write, then
+        the grant) in one round trip; ``None`` (rolled back) if the sentinel
+        row does not exist yet: then nothing was serialized, and the caller
+        creates it and attempts the usual way."""
+        parameters = self._grant_parameters(request, ticket)
+        bumped, granted = batch.run(
+            connection,
+            [
+                (BUMP, {"c_id": request.customer_id}),
+                (grant_statement(*shape(request.paths), queued=True), parameters),
+            ],
+        )
+        if bumped.rowcount == 0:
+            connection.rollback()
+            return None
+        token = bumped.lastrowid
+        if self._all_or_none(connection, request, granted.rowcount):
+            return self._granted(connection, request, token, ticket)
+        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
+
+    @staticmethod
+    def _grant_parameters(request: GrantRequest, ticket: int | None) -> dict[str, Any]:
+        parameters = grant_parameters(request)
+        parameters["w_ticket"] = NO_TICKET if ticket is None else ticket
+        return parameters
+
     def _grant(
         self,
         connection: Connection,
@@ -287,14 +321,24 @@ class Store:
         ticket: int | None,
         queue: bool,
     ) -> Granted | Blocked | Deadlocked:
-        request_shape = shape(request.paths)
-        parameters = grant_parameters(request, token)
-        parameters["w_ticket"] = NO_TICKET if ticket is None else ticket
+        parameters = self._grant_parameters(request, ticket)
         # Check and insert in one statement: the rows go in only if no live
         # conflicting row exists and nobody is queued before us (the subquery
         # is one consistent read, so it is all rows or none).
-        if self._insert(connection, request, request_shape, parameters, queued=True):
+        if self._insert(connection, request, parameters, queued=True):
             return self._granted(connection, request, token, ticket)
+        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
+
+    def _denied(
+        self,
+        connection: Connection,
+        request: GrantRequest,
+        token: int,
+        ticket: int | None,
+        *,
+        queue: bool,
+        parameters: dict[str, Any],
+    ) -> Granted | Blocked | Deadlocked:
         # Denied: read who is in the way while still holding the sentinel, so
         # the picture is the one that denied us (the grant's parameters hold
         # the conflict query's, and more).
@@ -306,9 +350,7 @@ class Store:
             if deadlock is not None:
                 connection.rollback()
                 return deadlock
-        elif not picture.ahead and self._insert(
-            connection, request, request_shape, parameters, queued=False
-        ):
+        elif not picture.ahead and self._insert(connection, request, parameters, queued=False):
             # The queue was not empty, but nobody in it conflicts.
             return self._granted(connection, request, token, ticket)
         blockers, ahead = picture.blockers, picture.ahead
@@ -322,17 +364,23 @@ class Store:
             connection.rollback()  # the version bump goes with it
         return Blocked(blockers, ahead, ticket, token - 1)
 
-    @staticmethod
+    @classmethod
     def _insert(
+        cls,
         connection: Connection,
         request: GrantRequest,
-        request_shape: tuple[int, int],
         parameters: dict[str, Any],
         *,
         queued: bool,
     ) -> bool:
-        statement = grant_statement(*request_shape, queued=queued)
+        statement = grant_statement(*shape(request.paths), queued=queued)
         inserted = connection.execute(statement, parameters).rowcount
+        return cls._all_or_none(connection, request, inserted)
+
+    @staticmethod
+    def _all_or_none(connection: Connection, request: GrantRequest, inserted: int) -> bool:
+        """True if every path was inserted, False if none was; anything else
+        is rolled back and raised (one consistent read makes it impossible)."""
         if inserted in (0, len(request.paths)):
             return bool(inserted)
         connection.rollback()
@@ -356,7 +404,7 @@ class Store:
         reads without the sentinel: a waiter asks this when the version moved
         (or at its recheck) and makes a real attempt only if so. Many waiters
         asking at once therefore do not queue up on the sentinel row."""
-        parameters = grant_parameters(request, 0)
+        parameters = grant_parameters(request)
 
         def attempt(connection: Connection, _number: int) -> Outlook:
             picture = _Picture.read(connection, request, ticket, parameters)
@@ -411,12 +459,21 @@ class Store:
     def release(self, customer_id: int, lease_id: str) -> int:
         """Delete the rows of one lease; return how many there were."""
 
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
         def attempt(connection: Connection, _number: int) -> int:
+            if batch.supports_batches(connection):
+                bumped, deleted = batch.run(
+                    connection, [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)]
+                )
+                if bumped.rowcount:
+                    connection.commit()
+                    return deleted.rowcount
+                connection.rollback()  # no sentinel row yet: the usual way creates it
             self._bump(connection, customer_id)
-            parameters = {"c_id": customer_id, "l_id": lease_id}
-            deleted = connection.execute(RELEASE, parameters).rowcount
+            deleted_rows = connection.execute(RELEASE, parameters).rowcount
             connection.commit()
-            return deleted
+            return deleted_rows
 
         return self._run("releasing a lease", attempt)
 

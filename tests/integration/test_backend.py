@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
-from pathlock import BackendError, InvalidArgument, PathLockManager
+from pathlock import BackendError, InvalidArgument, PathLockManager, batch
 from pathlock.backends import URL_ENV_VAR
 from pathlock.schema import REVISION
+from pathlock.statements import BUMP
 
 
 def _pooled_connection_id(manager: PathLockManager) -> int:
@@ -184,6 +185,42 @@ def test_engine_passed_in_runs_read_committed_and_is_not_disposed(
     with engine.connect() as connection:
         assert connection.execute(text("SELECT 1")).scalar_one() == 1
     engine.dispose()
+
+
+@pytest.mark.parametrize("given", ["url", "engine"])
+def test_statements_are_batched_only_where_the_connection_allows_it(
+    mariadb_url: str, given: str
+) -> None:
+    # pathlock's own engines send the sentinel write with the grant (and with
+    # the release's DELETE) in one round trip; an engine passed in keeps its
+    # connection flags, and the statements go one by one. Same results.
+    engine = create_engine(mariadb_url) if given == "engine" else None
+    try:
+        with PathLockManager(engine or mariadb_url, heartbeat=False) as manager:
+            with manager.engine.connect() as connection:
+                assert batch.supports_batches(connection) == (given == "url")
+                connection.rollback()
+            locks = manager.for_customer(secrets.randbelow(2**62) + 1)  # a new customer
+            first = locks.lock_paths("/a/b", shared=["/c"])
+            assert locks.try_lock_paths("/a") is None
+            second = locks.lock_paths("/a/x", shared=["/c/d"])
+            assert second.fencing_token > first.fencing_token
+            first.release()
+            assert sorted(info.path for info in locks.list_locks()) == ["/a/x", "/c/d"]
+            second.release()
+            assert locks.list_locks() == []
+    finally:
+        if engine is not None:
+            engine.dispose()
+
+
+def test_batched_statements_must_agree_on_shared_parameters(mariadb_url: str) -> None:
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as manager,
+        manager.engine.connect() as connection,
+        pytest.raises(ValueError, match="c_id"),
+    ):
+        batch.run(connection, [(BUMP, {"c_id": 1}), (BUMP, {"c_id": 2})])
 
 
 def test_unreachable_server_is_a_backend_error(customer_id: int) -> None:

@@ -1,0 +1,111 @@
+"""Several statements of one transaction in one round trip (MySQL/MariaDB over
+PyMySQL).
+
+The hot path is short statements whose cost is mostly the network's round
+trip: an uncontended acquire is "write the sentinel, insert if no conflict,
+commit", a release "write the sentinel, delete, commit". Sent one by one,
+that is six round trips for an acquire + release; with the first two
+statements of each sent together, four, as many as two plain commits need.
+
+The statements are the same SQLAlchemy constructs as everywhere else,
+compiled for the engine's dialect and sent as one ``COM_QUERY`` with the
+driver's own escaping of every value (nothing is formatted into the SQL by
+pathlock). That needs the connection flag ``MULTI_STATEMENTS``, which the
+engines pathlock creates set (:func:`allow_batches`); on any other connection
+:func:`supports_batches` is false and the store sends the statements one by one.
+The server stops at the first statement that fails, and the error is raised
+here as the :class:`~sqlalchemy.exc.DBAPIError` SQLAlchemy would have raised
+(a lost connection is invalidated, so it never goes back to the pool).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.compiler import Compiled, SQLCompiler
+from sqlalchemy.sql.expression import Executable
+
+# pymysql.constants.CLIENT.MULTI_STATEMENTS: the protocol's capability bit.
+MULTI_STATEMENTS = 1 << 16
+
+
+class Reply(NamedTuple):
+    """What the server said about one statement of a batch."""
+
+    rowcount: int
+    lastrowid: int
+
+
+def allow_batches(engine: Engine) -> None:
+    """Let the connections of ``engine`` (one pathlock created) take several
+    statements per query. PyMySQL only; other drivers are left as they are."""
+    if engine.dialect.driver != "pymysql":
+        return
+
+    def connect(_dialect: Dialect, _record: object, _args: object, options: dict[str, Any]) -> None:
+        options["client_flag"] = options.get("client_flag", 0) | MULTI_STATEMENTS
+
+    event.listen(engine, "do_connect", connect)
+
+
+def supports_batches(connection: Connection) -> bool:
+    """Whether ``connection`` takes several statements per query."""
+    if connection.dialect.driver != "pymysql":
+        return False
+    flags = getattr(connection.connection.driver_connection, "client_flag", 0)
+    return bool(flags & MULTI_STATEMENTS)
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(statement: Executable, dialect: Dialect) -> Compiled:
+    return statement.compile(dialect=dialect)  # type: ignore[attr-defined, no-any-return]
+
+
+def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Reply]:
+    """Send ``steps`` ((statement, parameters) pairs) in one round trip, inside
+    the connection's transaction (begun if need be); return one reply each.
+    Parameters of the same name must have the same value in every step."""
+    dialect = connection.dialect
+    parts: list[str] = []
+    parameters: dict[str, Any] = {}
+    for statement, values in steps:
+        compiled = _compiled(statement, dialect)
+        if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only
+            raise TypeError(f"cannot batch {type(statement).__name__}")
+        state = compiled.construct_expanded_state(values)
+        parts.append(state.statement)
+        for name, value in state.parameters.items():
+            if parameters.setdefault(name, value) != value:
+                raise ValueError(f"parameter {name!r} differs between batched statements")
+    sql = ";\n".join(parts)
+    if not connection.in_transaction():
+        connection.begin()
+    proxied = connection.connection
+    cursor = proxied.cursor()
+    error_class = dialect.loaded_dbapi.Error
+    try:
+        cursor.execute(sql, parameters)
+        replies = [Reply(cursor.rowcount, cursor.lastrowid)]
+        while cursor.nextset():
+            replies.append(Reply(cursor.rowcount, cursor.lastrowid))
+    except error_class as error:
+        lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
+        if lost:
+            connection.invalidate(error)
+        raise DBAPIError.instance(
+            sql, parameters, error, error_class, connection_invalidated=lost, dialect=dialect
+        ) from error
+    finally:
+        # Closing reads any results left after an error; the connection may
+        # be gone by then.
+        with contextlib.suppress(error_class):
+            cursor.close()
+    if len(replies) != len(steps):  # pragma: no cover - the server answers every statement
+        raise RuntimeError(f"{len(steps)} statements sent, {len(replies)} replies")
+    return replies
