@@ -3,11 +3,13 @@ scratch table, bulk rows, clean-up, and the server's description."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy import Engine, bindparam, delete, insert, select, text
 
@@ -68,6 +70,33 @@ class Server:
     version: str
     flush_log_at_trx_commit: str
     mariadb: bool
+
+
+_SERVER_NAMES = ("mariadbd", "mysqld")
+
+
+def server_cpu_seconds() -> float | None:
+    """CPU seconds the database server's process has used, if one runs on
+    this machine and /proc shows it (Linux); ``None`` otherwise. With several
+    server processes, their sum."""
+    proc = Path("/proc")
+    total, found = 0.0, False
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if (entry / "comm").read_text().strip() not in _SERVER_NAMES:
+                    continue
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone, or not ours to read
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+            found = True
+    except (OSError, ValueError):
+        return None
+    return total if found else None
 
 
 def describe_server(engine: Engine) -> Server:
