@@ -22,6 +22,24 @@ MYSQL_URL = os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.
 BACKENDS = ("mariadb", "sqlite")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        help="run the stress tests at soak size (100,000 operations) instead of the CI size",
+    )
+
+
+SOAK_TIMEOUT = 3600  # seconds per stress test at soak size
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        for item in items:
+            if item.get_closest_marker("stress"):
+                item.add_marker(pytest.mark.timeout(SOAK_TIMEOUT))
+
+
 @pytest.fixture(scope="session")
 def mariadb_url() -> Iterator[str]:
     """The URL of a database of this test session on the MariaDB/MySQL server,

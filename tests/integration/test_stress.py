@@ -12,10 +12,11 @@ definition of overlapping paths and conflicting modes.
 Workers are started with the "spawn" start method and build their own
 PathLockManager inside the child: nothing (engines, connections) crosses a fork.
 
-Sizes are tunable through environment variables: ``PATHLOCK_STRESS_OPS``
-(operations per worker of the tree test), ``PATHLOCK_STRESS_COUNTER_OPS``
-(grants per worker of the counter test), ``PATHLOCK_STRESS_WORKERS`` and
-``PATHLOCK_STRESS_SEED`` (to replay a run).
+The tree test's CI size is 8 workers x 2,500 operations (20,000); ``pytest
+--soak`` runs 8 x 12,500 (100,000). Sizes are also tunable through environment
+variables: ``PATHLOCK_STRESS_OPS`` (operations per worker of the tree test),
+``PATHLOCK_STRESS_COUNTER_OPS`` (grants per worker of the counter test),
+``PATHLOCK_STRESS_WORKERS`` and ``PATHLOCK_STRESS_SEED`` (to replay a run).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from sqlalchemy import Engine, text
 
 from pathlock import CustomerLocks, Lease, LockTimeout, PathLockManager
 
-WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "6"))
-TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "1200"))
+WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "8"))
+TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "2500"))
+SOAK_OPS = 12_500  # per worker with --soak: 100,000 operations in all
 COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "300"))
 SEED = int(os.environ.get("PATHLOCK_STRESS_SEED", str(secrets.randbelow(2**32))))
 
@@ -69,8 +71,11 @@ TREE = (
 )
 COUNTER_PATH = "/counter"
 START_TIMEOUT = 120.0  # seconds for every spawned worker to import and connect
-JOIN_TIMEOUT = 240.0  # seconds for the workers to finish, within the test's timeout
-WAITED = 0.1  # a blocking grant slower than this slept at least once (first backoff: ~250 ms)
+JOIN_TIMEOUT = 420.0  # seconds for the workers to finish, within the test's timeout
+SOAK_JOIN_TIMEOUT = 3000.0
+# A blocking grant slower than this waited at least once (an attempt takes a few
+# milliseconds; a waiter's first check comes 2 ms after its first denial).
+WAITED = 0.05
 
 
 # -- the independent checker ---------------------------------------------------------
@@ -229,7 +234,10 @@ def _write_results(spec: WorkerSpec, records: list[dict[str, Any]], stats: Count
 
 
 def run_workers(
-    target: Callable[[WorkerSpec, Barrier], None], specs: Sequence[WorkerSpec], out_dir: Path
+    target: Callable[[WorkerSpec, Barrier], None],
+    specs: Sequence[WorkerSpec],
+    out_dir: Path,
+    join_timeout: float = JOIN_TIMEOUT,
 ) -> float:
     """Run ``target(spec, barrier)`` in one spawned process per spec; fail the
     test with every worker's traceback if any failed. Returns the seconds the
@@ -248,7 +256,7 @@ def run_workers(
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(START_TIMEOUT)  # broken: a worker failed; its traceback follows
         started = time.monotonic()
-        deadline = started + JOIN_TIMEOUT
+        deadline = started + join_timeout
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
         elapsed = time.monotonic() - started
@@ -304,10 +312,13 @@ def summarize_warnings(lines: Sequence[str]) -> Counter[str]:
 
 
 def remaining_rows(raw_engine: Engine, customer_id: int) -> int:
+    """Lock rows and queue rows of the customer still in the tables."""
+    count = 0
     with raw_engine.connect() as connection:
-        count = connection.execute(
-            text("SELECT COUNT(*) FROM path_locks WHERE customer_id = :c"), {"c": customer_id}
-        ).scalar_one()
+        for table in ("path_locks", "path_lock_waiters"):
+            count += connection.execute(
+                text(f"SELECT COUNT(*) FROM {table} WHERE customer_id = :c"), {"c": customer_id}
+            ).scalar_one()
         connection.rollback()
     return int(count)
 
@@ -422,23 +433,31 @@ def tree_worker(spec: WorkerSpec, barrier: Barrier) -> None:
         raise
 
 
+@pytest.fixture
+def tree_ops(request: pytest.FixtureRequest) -> int:
+    """Operations per worker: the CI size, or the soak size with --soak."""
+    soak = bool(request.config.getoption("--soak"))
+    return SOAK_OPS if soak and "PATHLOCK_STRESS_OPS" not in os.environ else TREE_OPS
+
+
 @pytest.mark.stress
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(JOIN_TIMEOUT + 120)
 def test_no_conflicting_holds_overlap(
-    database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path
+    database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path, tree_ops: int
 ) -> None:
     specs = [
-        WorkerSpec(database_url, customer_id, i, TREE_OPS, tmp_path, seed=SEED)
+        WorkerSpec(database_url, customer_id, i, tree_ops, tmp_path, seed=SEED)
         for i in range(WORKERS)
     ]
-    elapsed = run_workers(tree_worker, specs, tmp_path)
+    join_timeout = SOAK_JOIN_TIMEOUT if tree_ops > TREE_OPS else JOIN_TIMEOUT
+    elapsed = run_workers(tree_worker, specs, tmp_path, join_timeout)
     summaries, records = read_results(tmp_path)
     totals: Counter[str] = Counter()
     for summary in summaries:
         totals.update(summary)
     warned = logged_warnings(tmp_path)
     print(
-        f"\nstress seed={SEED} workers={WORKERS} ops/worker={TREE_OPS} {elapsed:.1f} s: "
+        f"\nstress seed={SEED} workers={WORKERS} ops/worker={tree_ops} {elapsed:.1f} s: "
         f"{dict(totals)}; logged warnings: {dict(summarize_warnings(warned))}",
         file=sys.stderr,
     )
@@ -451,9 +470,9 @@ def test_no_conflicting_holds_overlap(
     assert remaining_rows(raw_engine, customer_id) == 0
 
     # The run must have meant something: enough grants, and real contention.
-    assert len(records) >= min(1000, WORKERS * TREE_OPS // 3)
+    assert len(records) >= min(1000, WORKERS * tree_ops // 3)
     assert totals["try_none"] + totals["blocking_waited"] + totals["timeouts"] > 0
-    if TREE_OPS >= 100:  # tiny runs may by chance never wait
+    if tree_ops >= 100:  # tiny runs may by chance never wait
         assert totals["try_none"] > 0
         assert totals["blocking_waited"] > 0
 
@@ -504,7 +523,7 @@ def counter_worker(spec: WorkerSpec, barrier: Barrier) -> None:
 
 
 @pytest.mark.stress
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(JOIN_TIMEOUT + 120)
 def test_counter_has_no_lost_updates(
     database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path
 ) -> None:
