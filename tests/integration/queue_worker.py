@@ -1,4 +1,5 @@
-"""A request that ``test_fairness.py`` runs in a spawned process.
+"""Requests that ``test_fairness.py`` and ``test_authority.py`` run in spawned
+processes.
 
 Not a test module: :func:`request` is the target of a ``multiprocessing``
 process started with the "spawn" method, so the child builds its own manager
@@ -8,8 +9,10 @@ and imports only pathlock, not pytest.
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from multiprocessing.queues import Queue
+from typing import Any
 
 from pathlock import PathLockManager
 
@@ -36,4 +39,35 @@ def request(
             lease.release()
     except BaseException:
         events.put(("error", name, traceback.format_exc()))
+        raise
+
+
+def own_customer(
+    database_url: str,
+    customer_id: int,
+    rounds: int,
+    start: Any,
+    events: Queue[tuple[str, ...]],
+) -> None:
+    """Try-lock the root of ``customer_id`` exclusively ``rounds`` times, each
+    held briefly; put ``("done", granted, refused)`` on ``events``. Every
+    worker of the isolation test has a customer of its own, so none may ever
+    be refused."""
+    try:
+        with PathLockManager(database_url, node_id=f"tenant-{customer_id}") as manager:
+            locks = manager.for_customer(customer_id)
+            locks.list_locks()  # connected before the start line
+            start.wait(WAIT_SECONDS)
+            granted = refused = 0
+            for _ in range(rounds):
+                lease = locks.try_lock_paths("/", reason="whole tree")
+                if lease is None:
+                    refused += 1
+                    continue
+                granted += 1
+                time.sleep(0.001)
+                lease.release()
+            events.put(("done", str(granted), str(refused)))
+    except BaseException:
+        events.put(("error", str(customer_id), traceback.format_exc()))
         raise
