@@ -48,7 +48,7 @@ from pathlock import CustomerLocks, Lease, LockTimeout, PathLockManager
 WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "8"))
 TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "2500"))
 SOAK_OPS = 12_500  # per worker with --soak: 100,000 operations in all
-COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "300"))
+COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "200"))
 SEED = int(os.environ.get("PATHLOCK_STRESS_SEED", str(secrets.randbelow(2**32))))
 
 # A small tree, so requests collide often, with traps: "/ab" and "/a/b/c%" share
