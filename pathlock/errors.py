@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pathlock.types import describe_paths
+from pathlock.types import describe_paths, show
 
 if TYPE_CHECKING:
     from pathlock.types import LockInfo, PathMode, WaiterInfo
@@ -73,7 +73,7 @@ class InvalidPath(InvalidArgument):
         self._args = (path, problem)
         self.path = path
         self.problem = problem
-        shown = repr(path)
+        shown = show(path)
         if len(shown) > _MAX_SHOWN:
             size = len(path) if isinstance(path, (str, bytes)) else len(shown)
             shown = shown[: _MAX_SHOWN - 20] + f"...' ({size} characters)"

@@ -45,9 +45,8 @@ log = logging.getLogger(__name__)
 
 def _requester(requested_by: object) -> str:
     """``, requested by X`` for the audit line of an operator action."""
-    if not isinstance(requested_by, str):
-        raise ArgumentTypeError(f"requested_by must be a str, got {type(requested_by).__name__}")
-    return f", requested by {validation.reason(requested_by)}" if requested_by else ""
+    checked = validation.reason(requested_by, "requested_by")
+    return f", requested by {checked}" if checked else ""
 
 
 def _paths(count: int) -> str:
@@ -123,8 +122,9 @@ class PathLockManager:
             )
         self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
         self.ttl = validation.ttl(ttl)
-        if not isinstance(case_insensitive, bool):
-            raise ArgumentTypeError("case_insensitive must be a bool")
+        for name, flag in (("case_insensitive", case_insensitive), ("heartbeat", heartbeat)):
+            if not isinstance(flag, bool):
+                raise ArgumentTypeError(f"{name} must be a bool, got {type(flag).__name__}")
         self.case_insensitive = case_insensitive
         self.backoff: WaitPolicy = ExponentialBackoff() if backoff is None else backoff
         validation.positive_int("max_attempts", max_attempts)

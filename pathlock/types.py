@@ -23,6 +23,20 @@ _LONG_PATH = 120  # characters: longer paths are shortened in messages
 _PATHS_SHOWN = 10  # paths of one request listed in a message
 
 
+def show(value: object) -> str:
+    """``repr(value)`` for a message, even when Python refuses it: the digits
+    of an int of more than 4300 of them (``sys.get_int_max_str_digits()``),
+    also inside a list, raise a ValueError that must not replace the error
+    being reported."""
+    try:
+        return repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            sign = "a negative" if value < 0 else "an"
+            return f"{sign} integer of {value.bit_length()} bits"
+        return f"<{type(value).__name__} that cannot be shown>"
+
+
 def shorten(path: str) -> str:
     """A path for a message: a long one keeps its start and its end."""
     if len(path) <= _LONG_PATH:

@@ -12,10 +12,15 @@ import re
 
 from pathlock.errors import ArgumentTypeError, InvalidArgument
 from pathlock.schema import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
+from pathlock.types import show
 
 MAX_CUSTOMER_ID = 2**63 - 1  # BIGINT
+MAX_COUNT = 2**63 - 1  # the largest integer both databases bind (a LIMIT, say)
 MAX_TTL = 366 * 24 * 3600.0
 MIN_TTL = 0.001  # DATETIME(6) resolves microseconds; below a millisecond is noise
+# A job period beyond a year is a mistake, and a few thousand years overflow
+# the datetime arithmetic of the scheduler that runs it.
+MAX_INTERVAL = MAX_TTL
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -25,7 +30,10 @@ def _number(name: str, value: object) -> float:
     # bool is an int subclass; True seconds is a bug, not a duration.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the float range is as good as infinite
+        number = math.inf if value > 0 else -math.inf
     if math.isnan(number):
         raise InvalidArgument(f"{name} must be a number of seconds, got NaN")
     return number
@@ -36,7 +44,9 @@ def customer_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentTypeError(f"customer_id must be an int, got {type(value).__name__}")
     if not 0 <= value <= MAX_CUSTOMER_ID:
-        raise InvalidArgument(f"customer_id must be between 0 and {MAX_CUSTOMER_ID}, got {value}")
+        raise InvalidArgument(
+            f"customer_id must be between 0 and {MAX_CUSTOMER_ID}, got {show(value)}"
+        )
     return value
 
 
@@ -60,14 +70,15 @@ def ttl(value: object) -> float:
     return number
 
 
-def reason(value: object) -> str:
-    """Free text shown to operators: up to 1000 characters, no NUL or surrogates."""
+def reason(value: object, name: str = "reason") -> str:
+    """Free text shown to operators: up to 1000 characters, no NUL or surrogates.
+    ``name`` is the argument's name in error messages."""
     if not isinstance(value, str):
-        raise ArgumentTypeError(f"reason must be a str, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a str, got {type(value).__name__}")
     if len(value) > REASON_LENGTH:
-        raise InvalidArgument(f"reason is longer than {REASON_LENGTH} characters ({len(value)})")
+        raise InvalidArgument(f"{name} is longer than {REASON_LENGTH} characters ({len(value)})")
     if "\x00" in value or _SURROGATE.search(value):
-        raise InvalidArgument(f"reason {value!r} contains NUL or a lone surrogate")
+        raise InvalidArgument(f"{name} {value!r} contains NUL or a lone surrogate")
     return value
 
 
@@ -99,17 +110,21 @@ def lease_id(value: object) -> str:
 
 
 def positive_int(name: str, value: object) -> int:
-    """A count of at least 1 (batch sizes, attempts)."""
+    """A count from 1 to 2**63 - 1 (batch sizes, attempts)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise InvalidArgument(f"{name} must be at least 1, got {value}")
+    if not 1 <= value <= MAX_COUNT:
+        raise InvalidArgument(
+            f"{name} must be at least 1 and at most {MAX_COUNT}, got {show(value)}"
+        )
     return value
 
 
 def interval(value: object) -> float:
-    """A period in seconds for scheduled jobs: more than 0, finite."""
+    """A period in seconds for scheduled jobs: more than 0, at most a year."""
     number = _number("interval", value)
-    if not 0 < number < math.inf:
-        raise InvalidArgument(f"interval must be a positive number of seconds, got {number:g}")
+    if not 0 < number <= MAX_INTERVAL:
+        raise InvalidArgument(
+            f"interval must be a positive number of seconds up to {MAX_INTERVAL:g}, got {number:g}"
+        )
     return number

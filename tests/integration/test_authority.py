@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from pathlock import CustomerLocks, InvalidArgument, LeaseLost, PathLockManager
+from pathlock import (
+    ArgumentTypeError,
+    CustomerLocks,
+    InvalidArgument,
+    LeaseLost,
+    PathLockManager,
+)
 from tests.integration import queue_worker
 
 pytestmark = pytest.mark.timeout(120)
@@ -116,3 +122,11 @@ def test_only_the_exact_lease_id_releases_a_lease(
     assert [info.lease_id for info in locks.list_locks()] == [lease.lease_id]
     assert manager.release_lease(lease.lease_id, requested_by="test") == 1
     assert locks.list_locks() == []
+
+
+def test_requested_by_is_named_in_its_errors(manager: PathLockManager) -> None:
+    lease_id = secrets.token_hex(16)
+    with pytest.raises(InvalidArgument, match="requested_by is longer than 1000"):
+        manager.release_lease(lease_id, requested_by="x" * 1001)
+    with pytest.raises(ArgumentTypeError, match="requested_by must be a str"):
+        manager.release_node("web-1", requested_by=5)  # type: ignore[arg-type]
