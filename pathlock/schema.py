@@ -23,6 +23,10 @@ from sqlalchemy import (
     Text,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateTable
+from sqlalchemy.sql.compiler import DDLCompiler
 
 from pathlock.paths import MAX_PATH_LENGTH
 
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import FetchedValue
 
-REVISION = "0002"
+REVISION = "0003"
 """The Alembic revision these tables correspond to (a test checks it is the
 newest one shipped): lets a SQLite database be checked without loading Alembic."""
 VERSION_TABLE = "pathlock_alembic_version"
@@ -48,11 +52,46 @@ metadata = MetaData(
 # Paths compare byte for byte: a case- or accent-insensitive collation would make
 # /Shared/A and /Shared/a (or café and cafe) one lock. Normalization (NFC, optional
 # case folding) happens in Python, where it is explicit.
+PAD_SPACE_COLLATION = "utf8mb4_bin"
+# Spelled for both dialect names: SQLAlchemy's "mariadb" dialect (a
+# mariadb+pymysql:// URL) reads only mariadb_* options, "mysql" only mysql_*.
 _MYSQL_TABLE: dict[str, Any] = {
-    "mysql_engine": "InnoDB",
-    "mysql_charset": "utf8mb4",
-    "mysql_collate": "utf8mb4_bin",
+    f"{name}_{option}": value
+    for name in ("mysql", "mariadb")
+    for option, value in (
+        ("engine", "InnoDB"),
+        ("charset", "utf8mb4"),
+        ("collate", PAD_SPACE_COLLATION),
+    )
 }
+
+
+def no_pad_collation(dialect: Dialect) -> str:
+    """The binary collation that also compares trailing spaces. utf8mb4_bin,
+    the one every version knows, is PAD SPACE: it finds '/a ' equal to '/a'
+    (a spurious conflict). MariaDB (10.2+) has utf8mb4_nopad_bin and MySQL 8
+    utf8mb4_0900_bin; MySQL 5.7 has none, and keeps utf8mb4_bin. Without a
+    server to ask (offline SQL from a mysql:// URL), MySQL 8 is assumed."""
+    if getattr(dialect, "is_mariadb", False):
+        return "utf8mb4_nopad_bin"
+    version = getattr(dialect, "server_version_info", None)
+    if version is None or version >= (8,):
+        return "utf8mb4_0900_bin"
+    return PAD_SPACE_COLLATION
+
+
+@compiles(CreateTable, "mysql")
+@compiles(CreateTable, "mariadb")
+def _create_table(element: CreateTable, compiler: DDLCompiler, **kw: Any) -> str:
+    # pathlock's own tables only: the table option above stands for the
+    # server's NO PAD binary collation. Other tables of the application pass
+    # through untouched.
+    text: str = compiler.visit_create_table(element, **kw)  # type: ignore[no-untyped-call]
+    if element.element.metadata is metadata:
+        collation = no_pad_collation(compiler.dialect)
+        text = text.replace(f"COLLATE {PAD_SPACE_COLLATION}", f"COLLATE {collation}")
+    return text
+
 
 # InnoDB index keys are limited to 3072 bytes: 700 utf8mb4 characters plus the
 # customer id fit. Longer paths are still found exactly (the server compares the
@@ -106,7 +145,13 @@ path_locks = Table(
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
     # The conflict query: one customer, exact paths (self and ancestors) and
     # ranges of descendants (LIKE 'prefix/%').
-    Index(None, "customer_id", "path", mysql_length={"path": PATH_INDEX_PREFIX}),
+    Index(
+        None,
+        "customer_id",
+        "path",
+        mysql_length={"path": PATH_INDEX_PREFIX},
+        mariadb_length={"path": PATH_INDEX_PREFIX},
+    ),
     Index(None, "lease_id"),  # release and renewal of one lease
     Index(None, "expires_at"),  # the reaper's scan
     Index(None, "node_id", "pid", "thread"),  # node clean-up, release_locks()

@@ -27,10 +27,13 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # Byte-for-byte path comparison: see the comment on _MYSQL_TABLE in schema.py.
+# For both dialect names: a mariadb+pymysql:// URL reads only mariadb_*
+# options. (Until this was spelled out, such a URL failed at the path index,
+# whose prefix length it ignored: no database was ever made that way.)
 _MYSQL_TABLE: dict[str, Any] = {
-    "mysql_engine": "InnoDB",
-    "mysql_charset": "utf8mb4",
-    "mysql_collate": "utf8mb4_bin",
+    f"{name}_{option}": value
+    for name in ("mysql", "mariadb")
+    for option, value in (("engine", "InnoDB"), ("charset", "utf8mb4"), ("collate", "utf8mb4_bin"))
 }
 # 700 utf8mb4 characters plus the customer id stay under InnoDB's 3072-byte key.
 _PATH_INDEX_PREFIX = 700
@@ -93,6 +96,7 @@ def upgrade() -> None:
         "path_locks",
         ["customer_id", "path"],
         mysql_length={"path": _PATH_INDEX_PREFIX},
+        mariadb_length={"path": _PATH_INDEX_PREFIX},
     )
     _create_indexes("path_locks", ("lease_id",), ("expires_at",), ("node_id", "pid", "thread"))
 

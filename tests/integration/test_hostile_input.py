@@ -13,9 +13,9 @@ Two promises, checked on every backend with hypothesis:
   neighbour that differs by a wildcard or an escape, and is stored byte for
   byte as normalized.
 
-One known gap is shown rather than hidden: on MariaDB the columns use
-``utf8mb4_bin``, a PAD SPACE collation, so ``=`` ignores trailing spaces and
-``/a `` meets ``/a``. Those cases are strict xfails on MariaDB only.
+Trailing spaces are part of a path and of a node id on every backend: on
+MariaDB/MySQL the tables use a NO PAD binary collation (revision 0003), since
+``utf8mb4_bin`` is PAD SPACE and let ``/a `` meet ``/a``.
 """
 
 from __future__ import annotations
@@ -53,11 +53,6 @@ REFUSALS = settings(max_examples=60, deadline=None, suppress_health_check=_FIXTU
 GRANTS = settings(max_examples=40, deadline=None, suppress_health_check=_FIXTURES_OK)
 MANAGERS = settings(max_examples=12, deadline=None, suppress_health_check=_FIXTURES_OK)
 
-PAD_SPACE = (
-    "PAD SPACE collation: MariaDB's utf8mb4_bin ignores trailing spaces in = and IN, "
-    "so '/a ' meets '/a' (and node 'web-1 ' meets 'web-1'); fixed by a migration to "
-    "utf8mb4_nopad_bin, planned"
-)
 
 # -- independent reads ------------------------------------------------------------
 
@@ -110,10 +105,6 @@ def _stored(engine: Engine, lease_id: str, column: str = "path") -> list[tuple[s
 
 def _hex(value: str) -> str:
     return value.encode("utf-8").hex().upper()
-
-
-def _is_mariadb(url: str) -> bool:
-    return url.startswith("mysql")
 
 
 # -- fixtures --------------------------------------------------------------------
@@ -913,47 +904,40 @@ def test_trailing_spaces_are_stored_as_given(
         assert [info.path for info in holder.list_locks(customer_id)] == sorted(paths)
 
 
-# (held, probe, blocked by the path rules, compared with "=" to a path that
-# differs only by trailing spaces, which PAD SPACE treats as equal)
+# (held, probe, blocked by the path rules); the first five compare, with "=",
+# paths that differ only by trailing spaces, which a PAD SPACE collation (such
+# as utf8mb4_bin) would find equal.
 TRAILING_SPACES = [
-    ("/a ", "/a", False, True),
-    ("/a", "/a ", False, True),
-    ("/a ", "/a  ", False, True),
-    ("/a ", "/a/b", False, True),  # the probe's ancestor /a is compared with the row /a
-    ("/a", "/a /b", False, True),  # the probe's ancestor /a  is compared with the row /a
-    ("/a /b", "/a", False, False),  # only LIKE '/a/%', which does not pad
-    ("/a/b", "/a ", False, False),
-    ("/a ", "/a /b", True, False),
-    ("/a ", "/a ", True, False),
+    ("/a ", "/a", False),
+    ("/a", "/a ", False),
+    ("/a ", "/a  ", False),
+    ("/a ", "/a/b", False),  # the probe's ancestor /a is compared with the row /a
+    ("/a", "/a /b", False),  # the probe's ancestor /a  is compared with the row /a
+    ("/a /b", "/a", False),  # only LIKE '/a/%', which does not pad
+    ("/a/b", "/a ", False),
+    ("/a ", "/a /b", True),
+    ("/a ", "/a ", True),
 ]
 
 
-@pytest.mark.parametrize(("held", "probe", "expected", "padded"), TRAILING_SPACES)
+@pytest.mark.parametrize(("held", "probe", "expected"), TRAILING_SPACES)
 def test_a_trailing_space_is_part_of_the_path(
-    request: pytest.FixtureRequest,
-    database_url: str,
     holder: PathLockManager,
     prober: PathLockManager,
     customer_id: int,
     held: str,
     probe: str,
     expected: bool,
-    padded: bool,
 ) -> None:
-    if padded and _is_mariadb(database_url):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=PAD_SPACE))
     with holder.for_customer(customer_id).lock_paths(held):
         assert _blocked(prober, customer_id, probe, "exclusive") is expected
 
 
 def test_a_trailing_space_is_part_of_a_node_id(
-    request: pytest.FixtureRequest,
     database_url: str,
     raw_engine: Engine,
     customer_id: int,
 ) -> None:
-    if _is_mariadb(database_url):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=PAD_SPACE))
     node_id = f"hostile-{secrets.token_hex(4)}"
     with _quiet(database_url, node_id) as manager:
         lease = manager.for_customer(customer_id).lock_paths("/mine")

@@ -21,8 +21,19 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import URL, Engine, create_engine, inspect, make_url
+from sqlalchemy import (
+    URL,
+    Column,
+    Engine,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    inspect,
+    make_url,
+)
 from sqlalchemy.pool import NullPool
+from sqlalchemy.schema import CreateTable
 
 from pathlock.schema import REVISION, compare_server_default, metadata
 
@@ -32,6 +43,7 @@ SERVER_URL = make_url(
     os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 )
 VERSION_TABLE = "pathlock_alembic_version"
+SERVERS = ("mysql", "mariadb")
 TABLES = ("customer_locks", "path_locks", "path_lock_waiters")
 
 NewDatabase = Callable[[], URL]
@@ -217,6 +229,40 @@ def test_upgrade_creates_the_same_tables_as_create_all(new_database: NewDatabase
     actual = _show_create_tables(migrated)
     for table in TABLES:
         assert actual[table] == expected[table], table
+    # Trailing spaces count: the server's NO PAD binary collation (revision 0003).
+    options = actual["path_locks"][-1]
+    assert "COLLATE=utf8mb4_nopad_bin" in options or "COLLATE=utf8mb4_0900_bin" in options
+
+
+def test_mariadb_urls_make_the_same_tables(new_database: NewDatabase) -> None:
+    # SQLAlchemy's "mariadb" dialect reads only mariadb_* table and index
+    # options: without them a mariadb:// URL made a case-insensitive table, or
+    # failed at the path index's prefix length.
+    reference, created, migrated = new_database(), new_database(), new_database()
+    command.upgrade(_config(reference), "head")
+    as_mariadb = [url.set(drivername="mariadb+pymysql") for url in (created, migrated)]
+    engine = create_engine(as_mariadb[0], poolclass=NullPool)
+    try:
+        metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    command.upgrade(_config(as_mariadb[1]), "head")
+    expected = _show_create_tables(reference)
+    for url in (created, migrated):
+        actual = _show_create_tables(url)
+        for table in TABLES:
+            assert actual[table] == expected[table], (url, table)
+
+
+def test_only_pathlocks_own_tables_get_the_no_pad_collation() -> None:
+    collate = {"mysql_collate": "utf8mb4_bin", "mariadb_collate": "utf8mb4_bin"}
+    other = Table("app_files", MetaData(), Column("path", String(100)), **collate)
+    mysql, mariadb = (make_url(f"{name}+pymysql://").get_dialect()() for name in SERVERS)
+    for dialect in (mysql, mariadb):
+        assert "COLLATE utf8mb4_bin" in str(CreateTable(other).compile(dialect=dialect))
+    ours = CreateTable(metadata.tables["path_locks"])
+    assert "COLLATE utf8mb4_nopad_bin" in str(ours.compile(dialect=mariadb))
+    assert "COLLATE utf8mb4_0900_bin" in str(ours.compile(dialect=mysql))
 
 
 def test_version_table_is_pathlocks_own(empty_db_url: URL) -> None:
@@ -253,6 +299,8 @@ def test_offline_sql(tmp_path: Path) -> None:
     for table in (*TABLES, VERSION_TABLE):
         assert f"CREATE TABLE {table} (" in sql
     assert "ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin" in sql  # MySQL, not SQLite
+    # Then the NO PAD collation; offline, a mysql:// URL means MySQL 8.
+    assert "CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin" in sql
     assert "ON path_locks (customer_id, path(700))" in sql
     assert f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0001')" in sql
     assert f"SET version_num='{REVISION}'" in sql
