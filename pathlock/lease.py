@@ -26,7 +26,7 @@ _MAX_MARGIN = 5.0
 
 
 class _Manager(Protocol):
-    def _release(self, lease: Lease) -> int: ...
+    def _release(self, lease: Lease) -> int | None: ...
     def _renew_leases(self, leases: list[Lease]) -> None: ...
 
 
@@ -160,6 +160,7 @@ class Lease:
                 error,
             )
             return
+        # None: a retry found the rows gone, which its first try deleted.
         if deleted == 0 and self._lost_reason is None:
             self._lost_reason = (
                 "its rows were gone when it was released (expired and reaped, "

@@ -141,6 +141,7 @@ class PathLockManager:
             raise
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
+        self._abandoned: dict[str, float] = {}  # lease id -> monotonic time of its expiry
         self._closed = False
         self._reaper = reaper.ReaperJobs(
             lambda batch_size: self.reap_expired(batch_size=batch_size),
@@ -261,6 +262,14 @@ class PathLockManager:
             deleted = self._store.release(customer_id, lease_id)
         finally:
             self._wakeups.notify(customer_id)
+        if deleted is None:  # a retry found the rows gone: the first attempt took them
+            log.warning(
+                "released lease %s (customer %d; how many paths was lost with the connection)%s",
+                lease_id,
+                customer_id,
+                who,
+            )
+            return 0
         log.warning(
             "released %s of lease %s (customer %d)%s", _paths(deleted), lease_id, customer_id, who
         )
@@ -355,6 +364,7 @@ class PathLockManager:
             owner=Owner.current(self.node_id),
             reason=validation.reason(reason),
             ttl=self.ttl if ttl is None else validation.ttl(ttl),
+            abandoned=self._abandoned_leases(),
         )
         callbacks = () if on_lost is None else (on_lost,)
         self._check_open()
@@ -423,13 +433,31 @@ class PathLockManager:
             self._heartbeat.wake()
         return lease
 
-    def _release(self, lease: Lease) -> int:
+    def _release(self, lease: Lease) -> int | None:
         with self._leases_lock:
             self._leases.pop(lease.lease_id, None)
         try:
             return self._store.release(lease.customer_id, lease.lease_id)
+        except BackendError:
+            # Its rows stay until they expire. A request of the same owner
+            # that they block waits for that instead of failing as a request
+            # that waits for itself.
+            # Renewals have stopped, so the rows expire within a ttl of now;
+            # the entry is kept twice that long to be sure.
+            with self._leases_lock:
+                self._abandoned[lease.lease_id] = time.monotonic() + 2 * lease.ttl
+            raise
         finally:
             self._wakeups.notify(lease.customer_id)
+
+    def _abandoned_leases(self) -> frozenset[str]:
+        """Leases whose release failed and whose rows may not have expired yet."""
+        now = time.monotonic()
+        with self._leases_lock:
+            for lease_id, expires_by in list(self._abandoned.items()):
+                if expires_by <= now:
+                    del self._abandoned[lease_id]
+            return frozenset(self._abandoned)
 
     def _release_owner(self, customer_id: int) -> int:
         owner = Owner.current(self.node_id)

@@ -30,6 +30,9 @@ class GrantRequest:
     owner: Owner
     reason: str
     ttl: float
+    # Leases of this owner whose release failed: their rows block until they
+    # expire, which is a wait, not a request waiting for itself.
+    abandoned: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -285,8 +285,19 @@ CREATE_SENTINEL = (
     .prefix_with("OR IGNORE", dialect="sqlite")
     .values(customer_id=bindparam("c_id"), version=0)
 )
+# A retried grant's own rows, if its earlier attempt's COMMIT landed: alive
+# (still before their expiry) or not.
 LANDED = (
-    select(path_locks.c.fencing_token).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
+    select(path_locks.c.fencing_token, (path_locks.c.expires_at > now()).label("alive"))
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"), path_locks.c.lease_id == bindparam("l_id")
+    )
+    .limit(1)
+)
+DROP_EXPIRED_LEASE = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("l_id"),
+    path_locks.c.expires_at <= now(),
 )
 RELEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),

@@ -62,6 +62,7 @@ from pathlock.statements import (
     BUMP,
     CREATE_SENTINEL,
     DEQUEUE,
+    DROP_EXPIRED_LEASE,
     ENQUEUE,
     ENQUEUED,
     HELD,
@@ -146,13 +147,17 @@ class _OwnerLocks:
 
 
 def _deadlock(
-    owner: Owner,
+    request: GrantRequest,
     blockers: tuple[LockInfo, ...],
     queued: list[WaiterInfo],
     owner_locks: _OwnerLocks,
 ) -> Deadlocked | None:
-    # Fewer rows than the limit means every blocker was seen.
-    if len(blockers) < MAX_BLOCKERS and all(info.owner == owner for info in blockers):
+    owner = request.owner
+    # Fewer rows than the limit means every blocker was seen. Rows of a lease
+    # whose release failed expire on their own: waiting for them ends.
+    if len(blockers) < MAX_BLOCKERS and all(
+        info.owner == owner and info.lease_id not in request.abandoned for info in blockers
+    ):
         return Deadlocked(None, blockers)
     holders = {info.owner for info in blockers}
     candidates = [info for info in queued if info.owner in holders and info.owner != owner]
@@ -273,11 +278,16 @@ class Store:
                 # (connection lost during COMMIT): then our rows exist, and
                 # granting again would block on ourselves or insert twice; or
                 # it was queued, and must not queue twice.
-                parameters = {"l_id": request.lease_id}
-                landed = connection.execute(LANDED, parameters).scalar()
-                if landed is not None:
+                parameters = {"c_id": request.customer_id, "l_id": request.lease_id}
+                landed = connection.execute(LANDED, parameters).first()
+                if landed is not None and landed.alive:
                     connection.rollback()
-                    return Granted(int(landed))
+                    return Granted(int(landed.fencing_token))
+                if landed is not None:
+                    # It landed, but its reply came back after its ttl: others
+                    # may hold the paths by now. Drop the expired rows and
+                    # attempt afresh, as a request that was never granted.
+                    connection.execute(DROP_EXPIRED_LEASE, parameters)
                 if known is None:
                     known = connection.execute(ENQUEUED, parameters).scalar()
             return self._grant(connection, request, token, known, queue)
@@ -344,9 +354,7 @@ class Store:
         # the conflict query's, and more).
         picture = _Picture.read(connection, request, ticket, parameters)
         if picture.blockers:
-            deadlock = _deadlock(
-                request.owner, picture.blockers, picture.queued, picture.owner_locks
-            )
+            deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
             if deadlock is not None:
                 connection.rollback()
                 return deadlock
@@ -456,26 +464,33 @@ class Store:
 
         return self._run("watching the queue", attempt, read_only=True)
 
-    def release(self, customer_id: int, lease_id: str) -> int:
-        """Delete the rows of one lease; return how many there were."""
-
+    def release(self, customer_id: int, lease_id: str) -> int | None:
+        """Delete the rows of one lease; return how many there were, or
+        ``None`` when a retry found none: then an earlier attempt may have
+        deleted them (its COMMIT landed, its reply was lost)."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
 
-        def attempt(connection: Connection, _number: int) -> int:
-            if batch.supports_batches(connection):
-                bumped, deleted = batch.run(
-                    connection, [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)]
-                )
-                if bumped.rowcount:
-                    connection.commit()
-                    return deleted.rowcount
-                connection.rollback()  # no sentinel row yet: the usual way creates it
-            self._bump(connection, customer_id)
-            deleted_rows = connection.execute(RELEASE, parameters).rowcount
-            connection.commit()
-            return deleted_rows
+        def attempt(connection: Connection, number: int) -> int | None:
+            deleted = self._release_once(connection, customer_id, parameters)
+            return None if deleted == 0 and number > 1 else deleted
 
         return self._run("releasing a lease", attempt)
+
+    def _release_once(
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any]
+    ) -> int:
+        if batch.supports_batches(connection):
+            bumped, deleted = batch.run(
+                connection, [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)]
+            )
+            if bumped.rowcount:
+                connection.commit()
+                return deleted.rowcount
+            connection.rollback()  # no sentinel row yet: the usual way creates it
+        self._bump(connection, customer_id)
+        deleted_rows: int = connection.execute(RELEASE, parameters).rowcount
+        connection.commit()
+        return deleted_rows
 
     def release_owner(self, customer_id: int, owner: Owner) -> int:
         """Delete every row ``owner`` holds for ``customer_id``."""

@@ -1,0 +1,147 @@
+"""Single outages at the worst moment, each the reproduction of a bug the fault
+suite (``test_faults.py``) found:
+
+- a release that fails while the database is down leaves rows that expire on
+  their own: the same owner's next request must wait for them, not fail as a
+  request that waits for itself;
+- a COMMIT that lands while its reply is lost: a release retried after it is
+  not a lost lease, and a grant whose reply comes back only after its ttl is
+  not returned (someone else may hold the paths by then).
+
+The lost reply is made in the driver: its ``commit`` commits on the real server
+and then raises the error a broken connection gives (2013). The server, the
+rows and every other statement are real.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pymysql
+import pytest
+from pymysql.connections import Connection
+from sqlalchemy import Engine, create_engine, text
+
+from pathlock import LockTimeout, PathLockManager
+from tests import private_mariadb
+from tests.integration.conftest import PRIVATE_DATABASE
+
+pytestmark = pytest.mark.timeout(120)
+
+LOST = 2013  # CR_SERVER_LOST: "Lost connection to MySQL server during query"
+
+
+def _reply_lost_after_commit(
+    monkeypatch: pytest.MonkeyPatch, stall: float = 0.0
+) -> Callable[[], None]:
+    """Make the next COMMIT of this process land, then (after ``stall``
+    seconds) fail as a lost connection. Returns the function that arms it."""
+    commit = Connection.commit
+    armed = threading.Event()
+
+    def lossy_commit(self: Connection) -> None:
+        commit(self)
+        if armed.is_set():
+            armed.clear()
+            time.sleep(stall)
+            self._force_close()
+            raise pymysql.err.OperationalError(LOST, "Lost connection to MySQL server during query")
+
+    monkeypatch.setattr(Connection, "commit", lossy_commit)
+    return armed.set
+
+
+@pytest.fixture
+def mariadb_engine(mariadb_url: str) -> Iterator[Engine]:
+    """A plain engine for independent reads (not pathlock's queries)."""
+    engine = create_engine(mariadb_url)
+    yield engine
+    engine.dispose()
+
+
+def _rows(engine: Engine, customer_id: int) -> list[tuple[Any, ...]]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT path, lease_id FROM path_locks WHERE customer_id = :c ORDER BY path"),
+            {"c": customer_id},
+        ).all()
+        connection.rollback()
+    return [tuple(row) for row in rows]
+
+
+def test_after_a_failed_release_the_owner_waits_for_its_stale_rows(
+    private_server: private_mariadb.PrivateMariaDB, customer_id: int
+) -> None:
+    url = private_server.url(PRIVATE_DATABASE)
+    with PathLockManager(url, node_id="web-1", ttl=2, max_attempts=2, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        stale = locks.lock_paths("/a")
+        private_server.stop()
+        try:
+            stale.release()  # fails: its rows are left to expire (a WARNING says so)
+        finally:
+            private_server.start()
+        # The same thread asks again: its own stale row is in the way until
+        # it expires, which is worth waiting for.
+        lease = locks.lock_paths("/a", timeout=10)
+        assert lease.fencing_token > stale.fencing_token
+        lease.release()
+
+
+def test_a_release_whose_reply_was_lost_is_not_a_lost_lease(
+    mariadb_url: str,
+    customer_id: int,
+    mariadb_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    arm = _reply_lost_after_commit(monkeypatch)
+    with PathLockManager(mariadb_url, node_id="web-1", heartbeat=False) as manager:
+        lease = manager.for_customer(customer_id).lock_paths("/a")
+        arm()
+        with caplog.at_level(logging.WARNING, logger="pathlock"):
+            lease.release()  # deleted and committed; the retry finds nothing
+    assert lease.released
+    assert not lease.lost
+    assert any(str(LOST) in record.getMessage() for record in caplog.records)  # it was retried
+    assert not any("gone" in record.getMessage() for record in caplog.records)
+    assert _rows(mariadb_engine, customer_id) == []
+
+
+def test_a_grant_whose_reply_came_back_after_its_ttl_is_not_returned(
+    mariadb_url: str, customer_id: int, mariadb_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The grant commits, its reply is stuck for 2.5 s, longer than its 1 s
+    # ttl; meanwhile another owner is granted the path. The retry finds its
+    # own rows expired: it must not return them as a lease.
+    arm = _reply_lost_after_commit(monkeypatch, stall=2.5)
+    with (
+        PathLockManager(mariadb_url, node_id="slow", ttl=1, heartbeat=False) as slow,
+        PathLockManager(mariadb_url, node_id="other", ttl=30, heartbeat=False) as other,
+    ):
+        slow.for_customer(customer_id).lock_paths("/warm-up").release()
+        outcome: list[object] = []
+
+        def slow_grant() -> None:
+            arm()
+            try:
+                outcome.append(slow.for_customer(customer_id).lock_paths("/a", timeout=4))
+            except LockTimeout as error:
+                outcome.append(error)
+
+        thread = threading.Thread(target=slow_grant)
+        thread.start()
+        time.sleep(1.5)  # the slow grant's rows have expired in database time
+        theirs = other.for_customer(customer_id).lock_paths("/a", timeout=5)
+        thread.join(30)
+        assert not thread.is_alive()
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], LockTimeout), outcome[0]
+        assert [info.lease_id for info in outcome[0].held_by] == [theirs.lease_id]
+        # The expired rows of the slow grant are gone; only the other's remain.
+        assert _rows(mariadb_engine, customer_id) == [("/a", theirs.lease_id)]
+        theirs.release()
