@@ -22,26 +22,13 @@ they share.
 
 from __future__ import annotations
 
-import functools
-import logging
-import random
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    Delete,
-    Engine,
-    Select,
-    select,
-)
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy import Connection
 
 from pathlock import batch
-from pathlock.backends import READ_ONLY, check_dialect
 from pathlock.errors import BackendError
 from pathlock.fairness import deadlock_party, requests_conflict, waiters_ahead
 from pathlock.records import (
@@ -51,52 +38,36 @@ from pathlock.records import (
     Granted,
     GrantRequest,
     Outlook,
-    as_utc,
     grant_parameters,
     lock_info,
     waiter_info,
     waiter_parameters,
 )
-from pathlock.schema import path_lock_waiters, path_locks
 from pathlock.statements import (
     BUMP,
-    CREATE_SENTINEL,
     DEQUEUE,
     DROP_EXPIRED_LEASE,
     ENQUEUE,
     ENQUEUED,
     HELD,
     LANDED,
-    LEASE_CUSTOMER,
     LIVE_WAITERS,
-    LOCK_COLUMNS,
     LOCK_SENTINELS,
     MAX_BLOCKERS,
     NO_TICKET,
-    NODE_CUSTOMERS,
     OWNER_LOCKS,
-    REAP_LOCKS,
-    REAP_WAITERS,
     REFRESH_WAITER,
     RELEASE,
-    RELEASE_NODE,
-    RELEASE_NODE_WAITERS,
     RELEASE_OWNER,
     RENEW,
     UNBUMP,
     VERSION,
-    WAITER_COLUMNS,
     blockers_query,
     grant_statement,
-    now,
     shape,
 )
-from pathlock.transient import hint, is_transient
 from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
+from pathlock.upkeep import Upkeep
 
 
 @dataclass
@@ -169,89 +140,13 @@ def _deadlock(
     return Deadlocked(party, tuple(info for info in blockers if info.owner == party.owner))
 
 
-class Store:
+class Store(Upkeep):
     """The SQL operations of pathlock on one engine.
 
     Every public method is one transaction (or a bounded series of retries of
     one), retried on transient errors with a WARNING each time, and raises
     :class:`BackendError` for anything else.
     """
-
-    def __init__(self, engine: Engine, *, max_attempts: int = 5, retry_delay: float = 0.05) -> None:
-        check_dialect(engine.dialect.name)
-        self.engine = engine
-        # MySQL hands the fencing token back in the UPDATE's reply; SQLite
-        # needs a SELECT (cheap: in-process, under the write lock).
-        self._token_from_reply = engine.dialect.name != "sqlite"
-        self.max_attempts = max_attempts
-        self.retry_delay = retry_delay
-
-    # -- the retry loop -------------------------------------------------------
-
-    def _run(
-        self,
-        action: str,
-        operation: Callable[[Connection, int], T],
-        *,
-        read_only: bool = False,
-    ) -> T:
-        """Run ``operation(connection, attempt)`` in a transaction, retrying
-        transient failures up to ``max_attempts`` times. A ``read_only``
-        transaction on SQLite does not take the write lock (see
-        :mod:`pathlock.backends`)."""
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                with self.engine.connect() as connection:
-                    if read_only:
-                        connection.execution_options(**{READ_ONLY: True})
-                    return operation(connection, attempt)
-            except DBAPIError as error:
-                if not is_transient(error):
-                    raise BackendError(action, error, hint(error)) from error
-                if attempt == self.max_attempts:
-                    raise BackendError(
-                        action, error, f"transient error persisted through {attempt} attempts"
-                    ) from error
-                delay = self.retry_delay * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)  # noqa: S311
-                log.warning(
-                    "%s: transient database error (attempt %d of %d, retrying in %.0f ms): %s",
-                    action,
-                    attempt,
-                    self.max_attempts,
-                    delay * 1000,
-                    error.orig,
-                )
-                time.sleep(delay)
-            except SQLAlchemyError as error:
-                raise BackendError(action, error) from error
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    # -- the sentinel ---------------------------------------------------------
-
-    def _bump(self, connection: Connection, customer_id: int) -> int:
-        """Write the customer's sentinel row and return its new version."""
-        parameters = {"c_id": customer_id}
-        result = connection.execute(BUMP, parameters)
-        if result.rowcount == 0:
-            # First use of this customer: create the row in a transaction of
-            # its own. Inserting and then updating it in one transaction
-            # deadlocks when several clients start at once (each waits on the
-            # others' shared lock on the new key). Nothing is held yet here.
-            connection.rollback()
-            connection.execute(CREATE_SENTINEL, parameters)
-            connection.commit()
-            result = connection.execute(BUMP, parameters)
-        token: Any
-        if self._token_from_reply:
-            token = result.lastrowid
-        else:
-            token = connection.execute(VERSION, parameters).scalar()
-        if not token:
-            raise BackendError(
-                "reading the fencing token",
-                RuntimeError("the database returned no version for the sentinel"),
-            )
-        return int(token)
 
     # -- operations -----------------------------------------------------------
 
@@ -531,128 +426,3 @@ class Store:
             return held
 
         return self._run("renewing leases", attempt)
-
-    def list_locks(self, customer_id: int | None, *, include_expired: bool) -> list[LockInfo]:
-        """Rows of one customer (or all), by customer and path."""
-        query = select(*LOCK_COLUMNS).order_by(
-            path_locks.c.customer_id, path_locks.c.path, path_locks.c.lease_id
-        )
-        if customer_id is not None:
-            query = query.where(path_locks.c.customer_id == customer_id)
-        if not include_expired:
-            query = query.where(path_locks.c.expires_at > now())
-
-        def attempt(connection: Connection, _number: int) -> list[LockInfo]:
-            rows = connection.execute(query).all()
-            connection.rollback()
-            return [lock_info(row) for row in rows]
-
-        return self._run("listing locks", attempt, read_only=True)
-
-    def database_time(self) -> datetime:
-        """The database's clock, in UTC: the clock every expiry is judged by."""
-
-        def attempt(connection: Connection, _number: int) -> datetime:
-            value = connection.execute(select(now())).scalar_one()
-            connection.rollback()
-            return as_utc(value)
-
-        return self._run("reading the database's clock", attempt, read_only=True)
-
-    def list_waiters(self, customer_id: int | None) -> list[WaiterInfo]:
-        """Queued requests of one customer (or all), oldest ticket first."""
-        query = select(*WAITER_COLUMNS).order_by(
-            path_lock_waiters.c.customer_id, path_lock_waiters.c.ticket
-        )
-        if customer_id is not None:
-            query = query.where(path_lock_waiters.c.customer_id == customer_id)
-        query = query.where(path_lock_waiters.c.expires_at > now())
-
-        def attempt(connection: Connection, _number: int) -> list[WaiterInfo]:
-            rows = connection.execute(query).all()
-            connection.rollback()
-            return [waiter_info(row) for row in rows]
-
-        return self._run("listing waiters", attempt, read_only=True)
-
-    # -- operators and the reaper ------------------------------------------------
-
-    def lease_customer(self, lease_id: str) -> int | None:
-        """The customer whose rows carry ``lease_id``, or ``None``."""
-
-        def attempt(connection: Connection, _number: int) -> int | None:
-            customer_id = connection.execute(LEASE_CUSTOMER, {"l_id": lease_id}).scalar()
-            connection.rollback()
-            return None if customer_id is None else int(customer_id)
-
-        return self._run("looking up a lease", attempt, read_only=True)
-
-    def release_node(self, node_id: str) -> dict[int, int]:
-        """Delete every lock and waiter row of ``node_id``, one customer per
-        transaction (each writes its sentinel, like any release); return the
-        number of lock rows deleted per customer touched."""
-
-        def customers(connection: Connection, _number: int) -> list[int]:
-            found = connection.execute(NODE_CUSTOMERS, {"o_node": node_id}).scalars().all()
-            connection.rollback()
-            return sorted(int(customer_id) for customer_id in found)
-
-        return {
-            customer_id: self._run(
-                "releasing a node's locks",
-                functools.partial(self._release_node_of, customer_id, node_id),
-            )
-            for customer_id in self._run("finding a node's locks", customers, read_only=True)
-        }
-
-    def _release_node_of(
-        self, customer_id: int, node_id: str, connection: Connection, _number: int
-    ) -> int:
-        self._bump(connection, customer_id)
-        parameters = {"c_id": customer_id, "o_node": node_id}
-        deleted = connection.execute(RELEASE_NODE, parameters).rowcount
-        connection.execute(RELEASE_NODE_WAITERS, parameters)
-        connection.commit()
-        return deleted
-
-    def reap(self, batch_size: int, stop: Callable[[], bool]) -> tuple[int, int]:
-        """Delete the lock rows and waiter rows that had expired when the run
-        began, ``batch_size`` rows per transaction, until none are left or
-        ``stop()`` says so; return (locks, waiters) deleted.
-
-        No sentinel is written: an expired row already blocks nobody, so
-        deleting it changes no grant, and short batches never hold many row
-        locks at a time."""
-        cutoff = self.database_time().replace(tzinfo=None)  # DATETIME columns are naive UTC
-        return (
-            self._reap_table("reaping expired locks", REAP_LOCKS, batch_size, cutoff, stop),
-            self._reap_table("reaping dead waiters", REAP_WAITERS, batch_size, cutoff, stop),
-        )
-
-    def _reap_table(
-        self,
-        action: str,
-        statements: tuple[Select[Any], Delete],
-        batch_size: int,
-        cutoff: datetime,
-        stop: Callable[[], bool],
-    ) -> int:
-        pick, remove = statements
-        parameters = {"batch": batch_size, "cutoff": cutoff}
-
-        def batch(connection: Connection, _number: int) -> tuple[int, int]:
-            ids = sorted(connection.execute(pick, parameters).scalars())
-            if not ids:
-                connection.rollback()
-                return 0, 0
-            deleted = connection.execute(remove, {"ids": ids}).rowcount
-            connection.commit()
-            return len(ids), deleted
-
-        total = 0
-        while not stop():
-            picked, deleted = self._run(action, batch)
-            total += deleted
-            if picked < batch_size:
-                break
-        return total
