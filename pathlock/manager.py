@@ -141,7 +141,9 @@ class PathLockManager:
             raise
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
-        self._abandoned: dict[str, float] = {}  # lease id -> monotonic time of its expiry
+        # Leases whose release failed: lease id -> monotonic time by which their
+        # rows have surely expired.
+        self._abandoned: dict[str, float] = {}
         self._closed = False
         self._reaper = reaper.ReaperJobs(
             lambda batch_size: self.reap_expired(batch_size=batch_size),
