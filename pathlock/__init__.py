@@ -11,6 +11,7 @@ from pathlock.customer import CustomerLocks
 from pathlock.errors import (
     ArgumentTypeError,
     BackendError,
+    ContentionTimeout,
     DeadlockDetected,
     InvalidArgument,
     InvalidPath,
@@ -26,6 +27,7 @@ from pathlock.waiting import ExponentialBackoff, ReverseExponentialBackoff, Wait
 __all__ = [
     "ArgumentTypeError",
     "BackendError",
+    "ContentionTimeout",
     "CustomerLocks",
     "DeadlockDetected",
     "ExponentialBackoff",

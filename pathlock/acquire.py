@@ -20,8 +20,8 @@ import logging
 import math
 import time
 
-from pathlock.errors import DeadlockDetected, LockTimeout, PathLockError
-from pathlock.records import WAITER_TTL, Deadlocked, Granted, GrantRequest
+from pathlock.errors import ContentionTimeout, DeadlockDetected, LockTimeout, PathLockError
+from pathlock.records import WAITER_TTL, Blocked, Deadlocked, Granted, GrantRequest
 from pathlock.store import Store
 from pathlock.waiting import Delays, LocalWakeups, WaitPolicy, Watch
 
@@ -32,6 +32,10 @@ RECHECK = 1.0
 REFRESH = WAITER_TTL / 3
 """Seconds between refreshes of a waiter's queue row (it lapses after
 :data:`~pathlock.records.WAITER_TTL` without one)."""
+TRY_PATIENCE = 1.0
+"""Seconds a try-lock keeps retrying attempts that lose races (error 1213: on a
+cluster, certification failures against writes through other nodes) before
+:class:`ContentionTimeout`. A blocking request retries them until its timeout."""
 
 
 def acquire(
@@ -46,19 +50,33 @@ def acquire(
     """Attempt until ``request`` is granted: return its fencing token and the
     monotonic time its granting attempt started. ``None`` if ``blocking`` is
     false and the one attempt was denied. Raises :class:`LockTimeout` after
-    ``wait_limit`` seconds (``None``: no limit) and :class:`DeadlockDetected`
-    when waiting could never succeed. Whatever happens, the request leaves the
-    queue."""
+    ``wait_limit`` seconds (``None``: no limit), :class:`DeadlockDetected`
+    when waiting could never succeed, and :class:`ContentionTimeout` when a
+    try-lock's attempt kept losing races for :data:`TRY_PATIENCE` seconds.
+    Whatever happens, the request leaves the queue."""
     deadline = math.inf if wait_limit is None else time.monotonic() + wait_limit
     with wakeups.watch(request.customer_id) as watch:
         place = _Place(store, request, watch, policy.start())
+        last: Blocked | None = None
         try:
             while True:
                 started = time.monotonic()
                 # Queue only a request that will wait: one attempt that is
                 # denied costs no queue row.
                 queue = blocking and started < deadline
-                outcome = store.try_grant(request, place.ticket, queue=queue)
+                patience = deadline if blocking else started + TRY_PATIENCE
+                try:
+                    outcome = store.try_grant(request, place.ticket, queue=queue, patience=patience)
+                except ContentionTimeout:
+                    if not blocking:
+                        raise
+                    raise LockTimeout(
+                        request.paths,
+                        wait_limit or 0.0,
+                        last.blockers if last else (),
+                        last.ahead if last else (),
+                        contended=True,
+                    ) from None
                 if isinstance(outcome, Granted):
                     place.ticket = None  # the grant removed the queue row
                     return outcome.fencing_token, started
@@ -66,6 +84,7 @@ def acquire(
                     return None  # a try-lock only reports the conflict
                 if isinstance(outcome, Deadlocked):
                     raise DeadlockDetected(request.paths, outcome.held_by, outcome.party)
+                last = outcome
                 place.queued(outcome.ticket, started, next_in_line=not outcome.ahead)
                 if time.monotonic() >= deadline:
                     raise LockTimeout(
@@ -116,7 +135,7 @@ class _Place:
             if now >= deadline:
                 return  # one last attempt, for its answer
             if self.ticket is not None and now >= self._refresh_due:
-                if not self._store.refresh_waiter(self._lease_id, self.ticket):
+                if not self._store.refresh_waiter(self._customer_id, self._lease_id, self.ticket):
                     # Lapsed (this process stalled) or deleted by an operator:
                     # queue again, behind whoever queued meanwhile.
                     self.ticket = None

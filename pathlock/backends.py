@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import batch
 from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
+from pathlock.routing import node_name
 from pathlock.schema import REVISION, VERSION_TABLE
 
 URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
@@ -105,11 +106,73 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         except (SQLAlchemyError, ValueError, ImportError) as error:
             raise BackendError("creating the database engine", error) from error
         batch.allow_batches(engine)
+        event.listen(engine, "connect", _causal_reads)
         return engine, True
     kind = type(database).__name__
     raise ArgumentTypeError(
         f"database must be a URL string, a sqlalchemy URL, an Engine or None, got {kind}"
     )
+
+
+def open_engines(database: object, engine_options: dict[str, Any]) -> list[tuple[Engine, bool]]:
+    """:func:`open_engine` for one database, or for each node of a cluster
+    given as a list or tuple of URLs and engines (MySQL or MariaDB only)."""
+    # A sqlalchemy URL is a named tuple: one node.
+    if not isinstance(database, (list, tuple)) or isinstance(database, URL):
+        return [open_engine(database, engine_options)]
+    if not database:
+        raise InvalidArgument("no database node given: the list is empty")
+    opened: list[tuple[Engine, bool]] = []
+    try:
+        for node in database:
+            if node is None:
+                raise ArgumentTypeError("a database node must be a URL or an Engine, got None")
+            opened.append(open_engine(node, dict(engine_options)))
+        _check_nodes([engine for engine, _ in opened])
+    except PathLockError:
+        for engine, owned in opened:
+            if owned:
+                engine.dispose()
+        raise
+    return opened
+
+
+def _check_nodes(engines: list[Engine]) -> None:
+    if len(engines) == 1:
+        return
+    if any(engine.dialect.name == "sqlite" for engine in engines):
+        raise InvalidArgument(
+            "several database nodes make sense for a MySQL or MariaDB cluster only, not SQLite"
+        )
+    names = [node_name(engine) for engine in engines]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InvalidArgument(f"database node given twice: {', '.join(repeated)}")
+
+
+# Which statements of a session wait for causality on a Galera node
+# (wsrep_sync_wait bits): 1 reads (the queue watch, listings), 2 UPDATE and
+# DELETE (the sentinel write that starts every grant and release, so the
+# conflict check reads everything the cluster committed before it). Without
+# it, a grant right after a release through another node may lose a
+# certification race or see the released rows; never unsafe, but slower.
+WSREP_SYNC_WAIT = 3
+
+
+def _causal_reads(dbapi_connection: Any, _record: object) -> None:
+    # Only where the server is a Galera node with causality checks off (a
+    # value set by the operator, globally or in init_command, is kept). MySQL
+    # has no such variables; SHOW VARIABLES then returns no rows.
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(
+            "SHOW SESSION VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_sync_wait')"
+        )
+        values = {str(name).lower(): str(value) for name, value in cursor.fetchall()}
+        if values.get("wsrep_on", "").upper() == "ON" and values.get("wsrep_sync_wait") == "0":
+            cursor.execute(f"SET SESSION wsrep_sync_wait = {WSREP_SYNC_WAIT}")
+    finally:
+        cursor.close()
 
 
 def _sqlite_engine(url: URL, engine_options: dict[str, Any]) -> Engine:

@@ -86,7 +86,10 @@ class LockTimeout(PathLockError, TimeoutError):
     ``paths`` are the normalized ``(path, mode)`` pairs that were requested,
     ``held_by`` the holders that blocked the last attempt, and
     ``queued_behind`` the older queued requests it had to let go first (when
-    no lock was in the way, the queue was).
+    no lock was in the way, the queue was). ``contended`` is true when the
+    last attempts did not get an answer at all: they kept losing races with
+    concurrent writes of the same customer (on a cluster, certification
+    failures against grants through other nodes; see docs/CLUSTER.md).
     """
 
     def __init__(
@@ -95,16 +98,24 @@ class LockTimeout(PathLockError, TimeoutError):
         timeout: float,
         held_by: Sequence[LockInfo],
         queued_behind: Sequence[WaiterInfo] = (),
+        contended: bool = False,  # positional, so that it pickles with the rest
     ) -> None:
-        self._args = (paths, timeout, held_by, queued_behind)
+        self._args = (paths, timeout, held_by, queued_behind, contended)
         self.paths = tuple(paths)
         self.timeout = timeout
         self.held_by = tuple(held_by)
         self.queued_behind = tuple(queued_behind)
-        super().__init__(
+        self.contended = contended
+        message = (
             f"could not lock {_describe_request(self.paths)} within {timeout:g} s: "
             f"{_describe_blockers(self.held_by, self.queued_behind)}"
         )
+        if contended:
+            message += (
+                "; the last attempts lost every race with concurrent writes of this "
+                "customer (deadlocks or cluster certification failures)"
+            )
+        super().__init__(message)
 
 
 class DeadlockDetected(PathLockError):
@@ -179,6 +190,14 @@ class BackendError(PathLockError):
         if hint:
             message += f" ({hint})"
         super().__init__(message)
+
+
+class ContentionTimeout(BackendError):
+    """An operation kept losing races with concurrent writes of the same
+    customer (error 1213: a deadlock, or on a cluster a certification failure
+    against a write through another node) until its time ran out. Nothing of
+    it was applied. On a cluster, customer affinity makes this rare (see
+    docs/CLUSTER.md)."""
 
 
 def _first_line(error: BaseException) -> str:

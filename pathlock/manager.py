@@ -14,7 +14,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -24,13 +24,21 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import reaper, validation
 from pathlock.acquire import acquire
-from pathlock.backends import open_engine, upgrade_sqlite_schema
+from pathlock.backends import open_engines, upgrade_sqlite_schema
 from pathlock.customer import CustomerLocks
-from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
+from pathlock.errors import (
+    ArgumentTypeError,
+    BackendError,
+    ContentionTimeout,
+    InvalidArgument,
+    LockTimeout,
+    PathLockError,
+)
 from pathlock.heartbeat import Heartbeat
 from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
 from pathlock.records import GrantRequest
+from pathlock.routing import Router
 from pathlock.schema import metadata
 from pathlock.store import Store
 from pathlock.types import LockInfo, Owner, WaiterInfo
@@ -65,6 +73,15 @@ class PathLockManager:
     pathlock's settings). With no ``database``: ``$PATHLOCK_DATABASE_URL``, else
     the embedded default file (see :mod:`pathlock.backends`).
 
+    ``database`` may also be a list of the nodes of one multi-master cluster
+    (MariaDB Galera; URLs or engines, spelled the same way on every app
+    server): an operation runs on one node and moves to the next at once when
+    that node is lost or leaves the cluster's primary component, so callers
+    notice a node failure only as latency (see :mod:`pathlock.routing` and
+    docs/CLUSTER.md). :attr:`engines` are the nodes' engines, :attr:`engine`
+    the first one. On a Galera node, pathlock's own engines turn on causal
+    reads (``wsrep_sync_wait``) unless the server already has them on.
+
     Options (keyword-only):
 
     - ``node_id``: this app server's name, stored with every lock for operators
@@ -91,12 +108,18 @@ class PathLockManager:
       ``node_id`` that no other running process uses (one per process, stable
       across restarts, e.g. ``"web-1.worker-3"``); with the default node id,
       shared by every process of the host, it is refused.
-    - ``engine_options``: extra keyword arguments for ``create_engine``.
+    - ``affinity``: with several nodes, send each customer's operations to a
+      home node of its own (rendezvous hashing over the nodes' addresses,
+      with failover) instead of every operation to the first healthy node: a
+      customer's conflicts stay row-lock waits on one node, and customers
+      spread over the nodes.
+    - ``engine_options``: extra keyword arguments for ``create_engine`` (for
+      every node).
     """
 
     def __init__(
         self,
-        database: str | URL | Engine | None = None,
+        database: str | URL | Engine | Sequence[str | URL | Engine] | None = None,
         /,
         *,
         node_id: str | None = None,
@@ -107,6 +130,7 @@ class PathLockManager:
         heartbeat: bool = True,
         on_lost: LostCallback | None = None,
         cleanup_on_start: bool = False,
+        affinity: bool = False,
         engine_options: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(cleanup_on_start, bool):
@@ -122,18 +146,25 @@ class PathLockManager:
             )
         self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
         self.ttl = validation.ttl(ttl)
-        for name, flag in (("case_insensitive", case_insensitive), ("heartbeat", heartbeat)):
+        for name, flag in (
+            ("case_insensitive", case_insensitive),
+            ("heartbeat", heartbeat),
+            ("affinity", affinity),
+        ):
             if not isinstance(flag, bool):
                 raise ArgumentTypeError(f"{name} must be a bool, got {type(flag).__name__}")
         self.case_insensitive = case_insensitive
         self.backoff: WaitPolicy = ExponentialBackoff() if backoff is None else backoff
         validation.positive_int("max_attempts", max_attempts)
         self._wakeups = LocalWakeups()
-        self.engine, self._owns_engine = open_engine(database, dict(engine_options or {}))
+        opened = open_engines(database, dict(engine_options or {}))
+        self.engines = tuple(engine for engine, _ in opened)
+        self.engine = self.engines[0]
+        self._owned = [engine for engine, owned in opened if owned]
         try:
             if self.engine.dialect.name == "sqlite":
                 upgrade_sqlite_schema(self.engine)
-            self._store = Store(self.engine, max_attempts=max_attempts)
+            self._store = Store(Router(self.engines, affinity=affinity), max_attempts=max_attempts)
             if cleanup_on_start:
                 self._clean_up_node()
         except PathLockError:
@@ -318,7 +349,8 @@ class PathLockManager:
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
-        return f"<PathLockManager {url} node_id={self.node_id!r}>"
+        more = f" (+{len(self.engines) - 1} more nodes)" if len(self.engines) > 1 else ""
+        return f"<PathLockManager {url}{more} node_id={self.node_id!r}>"
 
     # -- internals used by CustomerLocks and Lease -------------------------------
 
@@ -338,8 +370,8 @@ class PathLockManager:
             )
 
     def _dispose(self) -> None:
-        if self._owns_engine:
-            self.engine.dispose()
+        for engine in self._owned:
+            engine.dispose()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -370,14 +402,25 @@ class PathLockManager:
         )
         callbacks = () if on_lost is None else (on_lost,)
         self._check_open()
-        granted = acquire(
-            self._store,
-            self._wakeups,
-            self.backoff,
-            request,
-            blocking=blocking,
-            wait_limit=wait_limit,
-        )
+        try:
+            granted = acquire(
+                self._store,
+                self._wakeups,
+                self.backoff,
+                request,
+                blocking=blocking,
+                wait_limit=wait_limit,
+            )
+        except (BackendError, LockTimeout) as error:
+            if isinstance(error, BackendError) or error.contended:
+                # An attempt whose COMMIT went out but whose reply never came
+                # may have granted the rows after all, and no later attempt
+                # found out. Nobody renews them, so they expire within the ttl;
+                # until then they block this owner like any abandoned lease.
+                self._abandon(request.lease_id, request.ttl)
+            if isinstance(error, ContentionTimeout) and not blocking:
+                return None  # a try-lock that could not be granted without waiting
+            raise
         if granted is None:
             return None
         token, started = granted
@@ -391,10 +434,13 @@ class PathLockManager:
         """Renew ``leases`` (one transaction per distinct ttl); mark the ones
         found gone as lost. Raises :class:`BackendError` if the database
         cannot be reached."""
-        by_ttl: dict[float, list[Lease]] = {}
+        # One transaction per ttl and home node: with customer affinity on a
+        # cluster, each customer's renewals go where its grants go.
+        groups: dict[tuple[float, str], list[Lease]] = {}
         for lease in leases:
-            by_ttl.setdefault(lease.ttl, []).append(lease)
-        for ttl, group in by_ttl.items():
+            key = (lease.ttl, self._store.home(lease.customer_id))
+            groups.setdefault(key, []).append(lease)
+        for (ttl, _home), group in groups.items():
             started = time.monotonic()
             held = self._store.renew(
                 {lease.customer_id for lease in group},
@@ -444,13 +490,16 @@ class PathLockManager:
             # Its rows stay until they expire. A request of the same owner
             # that they block waits for that instead of failing as a request
             # that waits for itself.
-            # Renewals have stopped, so the rows expire within a ttl of now;
-            # the entry is kept twice that long to be sure.
-            with self._leases_lock:
-                self._abandoned[lease.lease_id] = time.monotonic() + 2 * lease.ttl
+            self._abandon(lease.lease_id, lease.ttl)
             raise
         finally:
             self._wakeups.notify(lease.customer_id)
+
+    def _abandon(self, lease_id: str, ttl: float) -> None:
+        # Its rows, if any, expire within a ttl of now (nobody renews them);
+        # the entry is kept twice that long to be sure.
+        with self._leases_lock:
+            self._abandoned[lease_id] = time.monotonic() + 2 * ttl
 
     def _abandoned_leases(self) -> frozenset[str]:
         """Leases whose release failed and whose rows may not have expired yet."""

@@ -151,7 +151,7 @@ class Store(Upkeep):
     # -- operations -----------------------------------------------------------
 
     def try_grant(
-        self, request: GrantRequest, ticket: int | None, *, queue: bool
+        self, request: GrantRequest, ticket: int | None, *, queue: bool, patience: float
     ) -> Granted | Blocked | Deadlocked:
         """One attempt to grant every path of ``request`` at once.
 
@@ -159,6 +159,8 @@ class Store(Upkeep):
         (``None``: not queued). A denied request with ``queue=True`` and no
         ticket is queued in the same transaction as its denial, so every later
         grant of the customer sees it. A grant removes the request's queue row.
+        An attempt that loses a race (1213) is tried again until the monotonic
+        time ``patience``, then :class:`ContentionTimeout`.
         """
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
@@ -187,7 +189,9 @@ class Store(Upkeep):
                     known = connection.execute(ENQUEUED, parameters).scalar()
             return self._grant(connection, request, token, known, queue)
 
-        return self._run("acquiring locks", attempt)
+        return self._run(
+            "acquiring locks", attempt, customer_id=request.customer_id, patience=patience
+        )
 
     def _grant_batched(
         self, connection: Connection, request: GrantRequest, ticket: int | None, queue: bool
@@ -316,7 +320,9 @@ class Store(Upkeep):
                 free=not picture.blockers and not picture.ahead, next_in_line=not picture.ahead
             )
 
-        return self._run("watching the queue", attempt, read_only=True)
+        return self._run(
+            "watching the queue", attempt, read_only=True, customer_id=request.customer_id
+        )
 
     def leave_queue(self, customer_id: int, lease_id: str, ticket: int) -> None:
         """Remove a request that gives up (timeout, error) from the queue. The
@@ -329,9 +335,9 @@ class Store(Upkeep):
             connection.execute(DEQUEUE, parameters)
             connection.commit()
 
-        self._run("leaving the queue", attempt)
+        self._run("leaving the queue", attempt, customer_id=customer_id)
 
-    def refresh_waiter(self, lease_id: str, ticket: int) -> bool:
+    def refresh_waiter(self, customer_id: int, lease_id: str, ticket: int) -> bool:
         """Keep a queued request alive for another :data:`WAITER_TTL`; ``False``
         if its row lapsed or was deleted (it must queue again)."""
         parameters = {
@@ -345,7 +351,7 @@ class Store(Upkeep):
             connection.commit()
             return bool(refreshed)
 
-        return self._run("keeping a queued request alive", attempt)
+        return self._run("keeping a queued request alive", attempt, customer_id=customer_id)
 
     def version(self, customer_id: int) -> int:
         """The customer's sentinel version, by a plain read: it moves on every
@@ -357,7 +363,7 @@ class Store(Upkeep):
             connection.rollback()
             return 0 if value is None else int(value)
 
-        return self._run("watching the queue", attempt, read_only=True)
+        return self._run("watching the queue", attempt, read_only=True, customer_id=customer_id)
 
     def release(self, customer_id: int, lease_id: str) -> int | None:
         """Delete the rows of one lease; return how many there were, or
@@ -369,7 +375,7 @@ class Store(Upkeep):
             deleted = self._release_once(connection, customer_id, parameters)
             return None if deleted == 0 and number > 1 else deleted
 
-        return self._run("releasing a lease", attempt)
+        return self._run("releasing a lease", attempt, customer_id=customer_id)
 
     def _release_once(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]
@@ -402,7 +408,7 @@ class Store(Upkeep):
             connection.commit()
             return deleted
 
-        return self._run("releasing an owner's locks", attempt)
+        return self._run("releasing an owner's locks", attempt, customer_id=customer_id)
 
     def renew(
         self, customer_ids: Iterable[int], leases: Sequence[tuple[str, int]], ttl: float
@@ -412,9 +418,10 @@ class Store(Upkeep):
         whose rows expired or were deleted is not renewed and not returned."""
         lease_ids = [lease_id for lease_id, _ in leases]
         expected = sum(rows for _, rows in leases)
+        customers = sorted(set(customer_ids))
 
         def attempt(connection: Connection, _number: int) -> set[str]:
-            connection.execute(LOCK_SENTINELS, {"c_ids": sorted(set(customer_ids))})
+            connection.execute(LOCK_SENTINELS, {"c_ids": customers})
             renewed = connection.execute(
                 RENEW, {"l_ids": lease_ids, "ttl_us": round(ttl * 1_000_000)}
             ).rowcount
@@ -425,4 +432,6 @@ class Store(Upkeep):
             connection.commit()
             return held
 
-        return self._run("renewing leases", attempt)
+        # The manager groups leases by home node (routing.py): the first
+        # customer's route is every customer's.
+        return self._run("renewing leases", attempt, customer_id=customers[0])

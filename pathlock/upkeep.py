@@ -28,7 +28,7 @@ from pathlock.types import LockInfo, WaiterInfo
 
 
 class Upkeep(Transactions):
-    """Listings, operators' releases and the reaper, on one engine."""
+    """Listings, operators' releases and the reaper."""
 
     def list_locks(self, customer_id: int | None, *, include_expired: bool) -> list[LockInfo]:
         """Rows of one customer (or all), by customer and path."""
@@ -45,7 +45,7 @@ class Upkeep(Transactions):
             connection.rollback()
             return [lock_info(row) for row in rows]
 
-        return self._run("listing locks", attempt, read_only=True)
+        return self._run("listing locks", attempt, read_only=True, customer_id=customer_id)
 
     def database_time(self) -> datetime:
         """The database's clock, in UTC: the clock every expiry is judged by."""
@@ -71,7 +71,7 @@ class Upkeep(Transactions):
             connection.rollback()
             return [waiter_info(row) for row in rows]
 
-        return self._run("listing waiters", attempt, read_only=True)
+        return self._run("listing waiters", attempt, read_only=True, customer_id=customer_id)
 
     # -- operators and the reaper ------------------------------------------------
 
@@ -99,6 +99,7 @@ class Upkeep(Transactions):
             customer_id: self._run(
                 "releasing a node's locks",
                 functools.partial(self._release_node_of, customer_id, node_id),
+                customer_id=customer_id,
             )
             for customer_id in self._run("finding a node's locks", customers, read_only=True)
         }
