@@ -206,7 +206,8 @@ def _customer(text: str) -> int:
 
 
 DATABASE_URL_HELP = (
-    f"SQLAlchemy URL of the database (default: ${URL_ENV_VAR}, else the embedded SQLite file)"
+    f"SQLAlchemy URL of the database (default: ${URL_ENV_VAR}, else the embedded SQLite file); "
+    "given again for each node of a Galera cluster, which pathlock fails over between"
 )
 
 
@@ -219,6 +220,7 @@ def _common_options(
     parser.add_argument(
         "--database-url",
         metavar="URL",
+        action="append",
         default=None if defaults else argparse.SUPPRESS,
         help=url_help,
     )
@@ -414,6 +416,7 @@ def _add_bench(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         "--url",
         dest="database_url",
         metavar="URL",
+        action="append",
         default=argparse.SUPPRESS,
         help="the same as --database-url",
     )

@@ -66,7 +66,16 @@ class _Formatter(logging.Formatter):
 
 def _manager(args: argparse.Namespace) -> PathLockManager:
     # No URL means the manager's default: $PATHLOCK_DATABASE_URL or SQLite.
-    return PathLockManager(args.database_url, node_id=getattr(args, "node_id", None))
+    urls: list[str] | None = args.database_url
+    database = urls if urls is None or len(urls) > 1 else urls[0]
+    return PathLockManager(database, node_id=getattr(args, "node_id", None))
+
+
+def _first_url(args: argparse.Namespace) -> str | None:
+    """The first --database-url: enough where one node will do (a cluster
+    replicates schema changes to every node)."""
+    urls: list[str] | None = args.database_url
+    return urls[0] if urls else None
 
 
 def _default_reason(command: Sequence[str]) -> str:
@@ -166,7 +175,7 @@ def _reaper(args: argparse.Namespace) -> int:
 def _db_upgrade(args: argparse.Namespace) -> int:
     from pathlock import migrate  # noqa: PLC0415 - Alembic is slow to import; only this needs it
 
-    url = args.database_url or default_database_url()
+    url = _first_url(args) or default_database_url()
     migrate.upgrade(url, sql=args.sql, revision=args.revision, output=sys.stdout)
     if not args.sql:
         _write(f"pathlock db upgrade: the database is at revision {args.revision}")
@@ -179,7 +188,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     suite.run(
         # Not the embedded default: the figures are about a server.
-        url=args.database_url or bench.DEFAULT_URL,
+        url=_first_url(args) or bench.DEFAULT_URL,
         only=args.only,
         quick=args.quick,
         output=None if args.no_report else Path(args.output),

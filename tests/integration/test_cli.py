@@ -592,3 +592,21 @@ def test_errors_are_one_line(args: list[str], status: int) -> None:
     result = pathlock(*(arg.replace("{url}", NEVER_CONTACTED) for arg in args))
     assert result.returncode == status
     _one_line_error(result)
+
+
+def test_several_database_urls_are_the_nodes_of_one_cluster(
+    mariadb_url: str, customer_id: int
+) -> None:
+    # A dead node first: the command moves past it to the live one.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = mariadb_url.replace("127.0.0.1:3306", f"127.0.0.1:{port}")
+    assert dead != mariadb_url
+    result = pathlock(
+        "--database-url", dead, "--database-url", mariadb_url,
+        "lock", "--customer", str(customer_id), "/Shared/a", "--",
+        sys.executable, "-c", "print('held')",
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "held\n"), result.stderr
+    assert f"database node 127.0.0.1:{port}/" in result.stderr
