@@ -95,8 +95,11 @@ class PathLockManager:
       shipped). Any object with ``start()`` returning ``next() -> seconds``
       will do. Fairness comes from the queue, not from the policy.
     - ``max_attempts``: how often one transaction is tried on transient database
-      errors (deadlock, lock-wait timeout, lost connection) before
-      :class:`BackendError`.
+      errors (lock-wait timeout, lost connection, a cluster node that cannot
+      serve) before :class:`BackendError`. Lost races (deadlocks; on a cluster,
+      certification failures) are retried by time instead: a blocking request
+      until its timeout, a try-lock for a second, anything else for 10 s
+      (:class:`ContentionTimeout`).
     - ``heartbeat``: renew held leases from a background thread (default); a
       lease is renewed a third of its ttl after its grant or last renewal, and
       declared lost (``on_lost``, :attr:`Lease.lost`) when it is found gone or
