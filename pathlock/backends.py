@@ -39,6 +39,14 @@ ISOLATION_LEVEL = "READ COMMITTED"
 SQLITE_BUSY_TIMEOUT = 10.0
 
 
+SOCKET_TIMEOUT = 30
+"""Seconds PyMySQL waits for a server's reply (or to send to it) on engines
+pathlock creates, before the connection counts as lost. pathlock's statements
+take milliseconds; what may legitimately take longer is a commit on a Galera
+cluster while it evicts a dead node (about ``evs.suspect_timeout`` + 1 s), or a
+row lock held by a long transaction. Keep it above both."""
+
+
 READ_ONLY = "pathlock_read_only"
 """Execution option of a connection whose transaction only reads."""
 
@@ -101,6 +109,14 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
             **engine_options,
         }
         options["isolation_level"] = ISOLATION_LEVEL
+        # A server (or the network path to it) that hangs would otherwise hang
+        # every call into it for good, where a lost connection fails over to
+        # the next node or is retried. The caller's connect_args win.
+        options["connect_args"] = {
+            "read_timeout": SOCKET_TIMEOUT,
+            "write_timeout": SOCKET_TIMEOUT,
+            **options.get("connect_args", {}),
+        }
         try:
             engine = create_engine(url, **options)
         except (SQLAlchemyError, ValueError, ImportError) as error:

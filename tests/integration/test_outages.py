@@ -16,6 +16,8 @@ rows and every other statement are real.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +28,7 @@ import pytest
 from pymysql.connections import Connection
 from sqlalchemy import Engine, create_engine, text
 
-from pathlock import LockTimeout, PathLockManager
+from pathlock import BackendError, LockTimeout, PathLockManager
 from tests import private_mariadb
 from tests.integration.conftest import PRIVATE_DATABASE
 
@@ -145,3 +147,34 @@ def test_a_grant_whose_reply_came_back_after_its_ttl_is_not_returned(
         # The expired rows of the slow grant are gone; only the other's remain.
         assert _rows(mariadb_engine, customer_id) == [("/a", theirs.lease_id)]
         theirs.release()
+
+
+def test_a_hung_server_fails_calls_instead_of_hanging_them(
+    private_server: private_mariadb.PrivateMariaDB, customer_id: int
+) -> None:
+    # A stopped process is what a hung server, or a network path that drops
+    # every packet, looks like to a client: the socket stays open, no reply
+    # comes. Without socket timeouts (pathlock's default is 30 s; 1 s here)
+    # the call would wait for TCP keepalive, hours; with several nodes it
+    # could never move on.
+    if not private_server.running:
+        private_server.start()
+    url = private_server.url(PRIVATE_DATABASE)
+    options = {"connect_args": {"read_timeout": 1, "write_timeout": 1, "connect_timeout": 1}}
+    with PathLockManager(
+        url, node_id="hung", max_attempts=2, heartbeat=False, engine_options=options
+    ) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/a").release()  # a pooled connection, alive
+        assert private_server.process is not None
+        os.kill(private_server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendError, match="persisted through 2 attempts"):
+                locks.lock_paths("/b", timeout=60)
+            took = time.monotonic() - started
+        finally:
+            os.kill(private_server.process.pid, signal.SIGCONT)
+        assert took < 10
+        with locks.lock_paths("/b") as lease:  # the same manager, once it answers again
+            assert not lease.lost
