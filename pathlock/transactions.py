@@ -91,10 +91,7 @@ class Transactions:
             attempt += 1
             node = self.router.pick(customer_id, failed)
             try:
-                with node.engine.connect() as connection:
-                    if read_only:
-                        connection.execution_options(**{READ_ONLY: True})
-                    result = operation(connection, attempt)
+                result = _attempt(node, operation, attempt, read_only=read_only)
             except DBAPIError as error:
                 if not is_transient(error):
                     raise BackendError(action, error, hint(error)) from error
@@ -181,3 +178,35 @@ class Transactions:
                 RuntimeError("the database returned no version for the sentinel"),
             )
         return int(token)
+
+
+def _attempt(
+    node: Node, operation: Callable[[Connection, int], T], attempt: int, *, read_only: bool
+) -> T:
+    with node.engine.connect() as connection:
+        if read_only:
+            connection.execution_options(**{READ_ONLY: True})
+        try:
+            return operation(connection, attempt)
+        except DBAPIError:
+            _end_transaction(connection)
+            raise
+
+
+def _end_transaction(connection: Connection) -> None:
+    """After a failed statement or COMMIT, make sure the server holds no
+    transaction of this connection when it goes back to the pool (which does
+    not roll back: see backends.py). A COMMIT refused without a disconnect
+    (1047 on a Galera node that just left the primary component) leaves the
+    transaction open on the server while SQLAlchemy counts it as ended; the
+    next attempt on that connection would run inside it, see its own
+    uncommitted rows as "landed", and report a grant that never committed."""
+    if connection.invalidated:
+        return  # the connection is gone, and the server rolled back with it
+    try:
+        connection.rollback()
+        driver = connection.connection.driver_connection
+        if driver is not None:
+            driver.rollback()
+    except Exception:  # noqa: BLE001 - any failure here: do not reuse the connection
+        connection.invalidate()

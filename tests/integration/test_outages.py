@@ -178,3 +178,40 @@ def test_a_hung_server_fails_calls_instead_of_hanging_them(
         assert took < 10
         with locks.lock_paths("/b") as lease:  # the same manager, once it answers again
             assert not lease.lost
+
+
+def test_a_refused_commit_leaves_no_transaction_for_the_retry_to_run_in(
+    mariadb_url: str, mariadb_engine: Engine, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Galera node that has just left the primary component refuses COMMIT
+    # with 1047 and keeps the transaction open; the connection is not lost,
+    # so it goes back to the pool. Found on the cluster (test_cluster_faults):
+    # the retry then ran inside the old transaction, found its own
+    # uncommitted rows by their lease id, rolled them back and returned a
+    # lease whose rows nobody else could see.
+    commit = Connection.commit
+    armed = threading.Event()
+
+    def refused_commit(self: Connection) -> None:
+        if armed.is_set():
+            armed.clear()
+            raise pymysql.err.OperationalError(
+                1047, "WSREP has not yet prepared node for application use"
+            )
+        commit(self)
+
+    monkeypatch.setattr(Connection, "commit", refused_commit)
+    with PathLockManager(mariadb_url, node_id="refused", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()  # one pooled connection, reused below
+        armed.set()
+        with locks.lock_paths("/a", "/b") as lease:
+            assert _rows(mariadb_engine, customer_id) == [
+                ("/a", lease.lease_id),
+                ("/b", lease.lease_id),
+            ]
+            with PathLockManager(mariadb_url, node_id="other", heartbeat=False) as other:
+                assert other.for_customer(customer_id).try_lock_paths("/a/x") is None
+        armed.set()  # the release's COMMIT refused too: retried, and done
+        assert _rows(mariadb_engine, customer_id) == []
+        locks.lock_paths("/a").release()  # and the owner is not held back by anything
