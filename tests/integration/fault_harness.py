@@ -1,4 +1,5 @@
-"""The machinery of ``test_faults.py``: the workload of spawned workers, the
+"""The machinery of ``test_faults.py`` (and ``test_cluster_faults.py``, whose
+workers list the nodes of a cluster): the workload of spawned workers, the
 kills, the monitor that reads the tables while it runs, and the checker that
 turns every worker's events into hold intervals for ``test_stress.py``'s
 overlap check. See ``test_faults.py`` for what is checked and why."""
@@ -66,14 +67,19 @@ class Workload:
 
     def __init__(
         self,
-        database_url: str,
+        database_url: str | Sequence[str],
         customer_id: int,
         out_dir: Path,
         tag: str,
         long_hold: tuple[float, float] = (1.1, 5.0),
+        *,
+        ttl: float = TTL,
+        affinity: bool = False,
     ) -> None:
         self.database_url = database_url
         self.long_hold = long_hold
+        self.ttl = ttl
+        self.affinity = affinity
         self.customer_id = customer_id
         self.out_dir = out_dir
         self.tag = tag
@@ -82,18 +88,29 @@ class Workload:
         self.started = 0.0
         self.stopped = 0.0
 
+    def urls_of(self, index: int) -> str | list[str]:
+        """The database of worker ``index``: the one URL, or the nodes of a
+        cluster listed from node ``index % len(nodes)`` on, so that without
+        affinity the workers' operations spread over the nodes."""
+        if isinstance(self.database_url, str):
+            return self.database_url
+        nodes = list(self.database_url)
+        first = index % len(nodes)
+        return nodes[first:] + nodes[:first]
+
     def spawn(self) -> Worker:
         index = len(self.workers)
         spec = FaultSpec(
-            database_url=self.database_url,
+            database_url=self.urls_of(index),
             customer_id=self.customer_id,
             index=index,
             node_id=f"fault-{self.tag}-{index}-{secrets.token_hex(3)}",
             out_dir=self.out_dir,
             seed=SEED,
-            ttl=TTL,
+            ttl=self.ttl,
             max_seconds=240.0,
             long_hold=self.long_hold,
+            affinity=self.affinity,
         )
         process = self._context.Process(
             target=fault_worker.run, args=(spec,), name=f"fault-{index}", daemon=True
@@ -244,7 +261,9 @@ _SNAPSHOT = text(
 
 
 class Monitor:
-    """Reads the customer's rows with plain SQL every ``interval`` seconds.
+    """Reads the customer's rows with plain SQL every ``interval`` seconds
+    (on a cluster, through the one node ``database_url`` names; reads while
+    it is down or out of the primary component count as failed).
     One SELECT is one consistent read (READ COMMITTED takes a read view per
     statement), so a lease's rows appear all together or not at all."""
 
@@ -526,9 +545,11 @@ def _count(engine: Engine, table: str, customer_id: int) -> int:
     return int(count)
 
 
-def settle(database_url: str, customer_id: int) -> EndState:
+def settle(database_url: str, customer_id: int, ttl: float = TTL) -> EndState:
     """Once the workers are gone: bound what is left, lock "/" as soon as it
-    lapses, reap, and check that nothing remains (plain SQL throughout)."""
+    lapses, reap, and check that nothing remains (plain SQL throughout).
+    ``ttl``: the workers' (no row may outlive it). On a cluster, any one
+    node's URL."""
     engine = create_engine(database_url, poolclass=NullPool)
     try:
         locks = _live(engine, "path_locks", customer_id)
@@ -536,7 +557,7 @@ def settle(database_url: str, customer_id: int) -> EndState:
         longest_lock = max((longest for _, longest in locks.values()), default=0.0)
         longest_waiter = max((longest for _, longest in waiters.values()), default=0.0)
         # Nothing is renewed once its holder is gone: no row outlives a ttl.
-        assert longest_lock <= TTL + SLACK, f"lock rows outlive their ttl: {locks}"
+        assert longest_lock <= ttl + SLACK, f"lock rows outlive their ttl: {locks}"
         assert longest_waiter <= WAITER_TTL + SLACK, f"queue rows outlive theirs: {waiters}"
         wait = max(longest_lock, longest_waiter)
         with PathLockManager(database_url, node_id="fault-probe", ttl=TTL) as manager:

@@ -1,6 +1,7 @@
 """A worker of ``test_faults.py``: random requests on a small tree of one
 customer while the test injects faults (SIGKILL of workers, killed database
-connections, a database restart).
+connections, a database restart; in ``test_cluster_faults.py``, cluster nodes
+that crash, lose their majority or are cut off, the worker listing every node).
 
 Not a test module: :func:`run` is the target of a ``multiprocessing`` process
 started with the "spawn" method, so the child builds its own manager (nothing
@@ -72,7 +73,7 @@ LOG_FORMAT = "%(asctime)s|%(process)d|%(threadName)s|%(name)s|%(levelname)s|%(me
 class FaultSpec:
     """What one spawned worker needs (picklable: no engine, no connection)."""
 
-    database_url: str
+    database_url: str | list[str]  # one server, or the nodes of a cluster in the order to try
     customer_id: int
     index: int  # unique per process over the whole run (replacements get new ones)
     node_id: str
@@ -81,6 +82,7 @@ class FaultSpec:
     ttl: float
     max_seconds: float  # a bound on the run if the test never says stop
     long_hold: tuple[float, float] = (1.1, 5.0)  # seconds of the lane's holds
+    affinity: bool = False  # with several nodes: each customer's home node first
 
     @property
     def events_path(self) -> Path:
@@ -184,11 +186,13 @@ def _hold(lease: Lease, seconds: float, running: Callable[[], bool]) -> float:
     return time.monotonic()
 
 
-def _failed(events: Events, where: str, error: BaseException) -> None:
+def _failed(events: Events, where: str, error: BaseException, **fields: Any) -> None:
     if isinstance(error, PathLockError):
-        events.write("error", where=where, cls=type(error).__name__, msg=str(error)[:400])
+        events.write("error", where=where, cls=type(error).__name__, msg=str(error)[:400], **fields)
     else:
-        events.write("unexpected", where=where, cls=type(error).__name__, tb=traceback.format_exc())
+        events.write(
+            "unexpected", where=where, cls=type(error).__name__, tb=traceback.format_exc(), **fields
+        )
 
 
 def _acquire(
@@ -203,6 +207,9 @@ def _acquire(
     expected = effective((path, mode) for path, mode in requested)
     reason = encode_reason(expected)
     blocking = rng.random() < 0.4
+    # When the call was made and when it returned (t, or t_start for a grant):
+    # how long a call took, even while the database is in trouble.
+    t_asked = time.monotonic()
     try:
         if blocking:
             lease = locks.lock_paths(
@@ -211,16 +218,17 @@ def _acquire(
         else:
             found = locks.try_lock_paths(*exclusive, shared=shared, reason=reason)
             if found is None:
-                events.write("try_none")
+                events.write("try_none", t_asked=t_asked, t=time.monotonic())
                 return None
             lease = found
     except Exception as error:  # noqa: BLE001 - every outcome is recorded for the test
-        _failed(events, "acquire", error)
+        _failed(events, "acquire", error, t_asked=t_asked, t=time.monotonic())
         return None
     t_start = time.monotonic()
     events.write(
         "grant",
         t_start=t_start,
+        t_asked=t_asked,
         lease_id=lease.lease_id,
         token=lease.fencing_token,
         paths=requested,
@@ -259,8 +267,14 @@ def _operation(
             events.write("end", lease_id=lease.lease_id, t_end=t_end)
             lease.release()
     except Exception as error:  # noqa: BLE001 - every outcome is recorded for the test
-        _failed(events, "release", error)
-    events.write("released", lease_id=lease.lease_id, lost=lease.lost, released=lease.released)
+        _failed(events, "release", error, t=time.monotonic())
+    events.write(
+        "released",
+        lease_id=lease.lease_id,
+        lost=lease.lost,
+        released=lease.released,
+        t=time.monotonic(),
+    )
 
 
 # -- the process -------------------------------------------------------------------
@@ -309,7 +323,11 @@ def run(spec: FaultSpec) -> None:
     try:
         rng = random.Random(spec.seed * 1000 + spec.index)
         manager = PathLockManager(
-            spec.database_url, node_id=spec.node_id, ttl=spec.ttl, on_lost=events.lost
+            spec.database_url,
+            node_id=spec.node_id,
+            ttl=spec.ttl,
+            on_lost=events.lost,
+            affinity=spec.affinity,
         )
         locks = manager.for_customer(spec.customer_id)
         locks.list_locks()  # connect before saying ready
