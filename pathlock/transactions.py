@@ -139,8 +139,8 @@ class Transactions:
             raise ContentionTimeout(
                 action, error, f"lost {contention} races with concurrent writes"
             ) from error
-        # Each of the first retries is logged, then only the 2nd, 4th, 8th...
-        # of one operation: on a cluster without affinity a hot customer
+        # The first max_attempts retries of an operation are logged, then only
+        # the 8th, 16th, 32nd...: on a cluster without affinity a hot customer
         # loses many races, and one line per race would drown the log.
         if contention <= self.max_attempts or contention & (contention - 1) == 0:
             log.warning(
