@@ -20,12 +20,9 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-import pymysql
 import pytest
-from pymysql.connections import Connection
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from pathlock import (
@@ -35,10 +32,9 @@ from pathlock import (
     LockTimeout,
     PathLockManager,
 )
+from tests.integration.test_outages import reply_lost_after_commit
 
 pytestmark = pytest.mark.timeout(120)
-
-LOST = 2013
 
 
 def _free_port() -> int:
@@ -105,7 +101,7 @@ def test_a_dead_node_is_passed_over_at_once(
 def test_a_grant_whose_reply_was_lost_is_found_through_the_next_node(
     nodes: list[str], customer_id: int, plain: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    arm = _reply_lost_after_commit(monkeypatch)
+    arm = reply_lost_after_commit(monkeypatch)
     with PathLockManager([nodes[0], nodes[2]], node_id="failover", ttl=30) as manager:
         locks = manager.for_customer(customer_id)
         arm()
@@ -125,7 +121,7 @@ def test_a_grant_whose_reply_was_lost_is_found_through_the_next_node(
 def test_a_release_whose_reply_was_lost_is_finished_through_the_next_node(
     nodes: list[str], customer_id: int, plain: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    arm = _reply_lost_after_commit(monkeypatch)
+    arm = reply_lost_after_commit(monkeypatch)
     with PathLockManager([nodes[0], nodes[2]], node_id="failover") as manager:
         lease = manager.for_customer(customer_id).lock_paths("/x")
         arm()
@@ -240,34 +236,3 @@ def _lock_in_thread(locks: object, errors: list[BaseException]) -> None:
         locks.lock_paths("/a/b", timeout=0.3)  # type: ignore[attr-defined]
     except BaseException as error:  # noqa: BLE001 - handed to the test's thread
         errors.append(error)
-
-
-def _reply_lost_after_commit(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
-    """Make the next COMMIT of this process land, then fail as a lost
-    connection (as in test_outages.py)."""
-    commit = Connection.commit
-    armed = threading.Event()
-
-    def lossy_commit(self: Connection) -> None:
-        commit(self)
-        if armed.is_set():
-            armed.clear()
-            self._force_close()
-            raise pymysql.err.OperationalError(LOST, "Lost connection to MySQL server during query")
-
-    monkeypatch.setattr(Connection, "commit", lossy_commit)
-    return armed.set
-
-
-def _socket_timeouts(manager: PathLockManager) -> tuple[object, object]:
-    with manager.engine.connect() as connection:
-        driver: Any = connection.connection.dbapi_connection
-        return driver._read_timeout, driver._write_timeout
-
-
-def test_pathlock_engines_give_up_on_a_silent_server(nodes: list[str]) -> None:
-    with PathLockManager(nodes[0], node_id="failover", heartbeat=False) as manager:
-        assert _socket_timeouts(manager) == (30, 30)
-    options = {"connect_args": {"read_timeout": 7}}
-    with PathLockManager(nodes[0], node_id="failover", engine_options=options) as manager:
-        assert _socket_timeouts(manager) == (7, 30)  # the caller's connect_args win

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(120)
 LOST = 2013  # CR_SERVER_LOST: "Lost connection to MySQL server during query"
 
 
-def _reply_lost_after_commit(
+def reply_lost_after_commit(
     monkeypatch: pytest.MonkeyPatch, stall: float = 0.0
 ) -> Callable[[], None]:
     """Make the next COMMIT of this process land, then (after ``stall``
@@ -101,7 +101,7 @@ def test_a_release_whose_reply_was_lost_is_not_a_lost_lease(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    arm = _reply_lost_after_commit(monkeypatch)
+    arm = reply_lost_after_commit(monkeypatch)
     with PathLockManager(mariadb_url, node_id="web-1", heartbeat=False) as manager:
         lease = manager.for_customer(customer_id).lock_paths("/a")
         arm()
@@ -120,7 +120,7 @@ def test_a_grant_whose_reply_came_back_after_its_ttl_is_not_returned(
     # The grant commits, its reply is stuck for 2.5 s, longer than its 1 s
     # ttl; meanwhile another owner is granted the path. The retry finds its
     # own rows expired: it must not return them as a lease.
-    arm = _reply_lost_after_commit(monkeypatch, stall=2.5)
+    arm = reply_lost_after_commit(monkeypatch, stall=2.5)
     with (
         PathLockManager(mariadb_url, node_id="slow", ttl=1, heartbeat=False) as slow,
         PathLockManager(mariadb_url, node_id="other", ttl=30, heartbeat=False) as other,
