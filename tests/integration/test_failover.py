@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -236,3 +237,17 @@ def _lock_in_thread(locks: object, errors: list[BaseException]) -> None:
         locks.lock_paths("/a/b", timeout=0.3)  # type: ignore[attr-defined]
     except BaseException as error:  # noqa: BLE001 - handed to the test's thread
         errors.append(error)
+
+
+def _socket_timeouts(manager: PathLockManager) -> tuple[object, object]:
+    with manager.engine.connect() as connection:
+        driver: Any = connection.connection.dbapi_connection
+        return driver._read_timeout, driver._write_timeout
+
+
+def test_pathlock_engines_give_up_on_a_silent_server(nodes: list[str]) -> None:
+    with PathLockManager(nodes[0], node_id="failover", heartbeat=False) as manager:
+        assert _socket_timeouts(manager) == (30, 30)
+    options = {"connect_args": {"read_timeout": 7}}
+    with PathLockManager(nodes[0], node_id="failover", engine_options=options) as manager:
+        assert _socket_timeouts(manager) == (7, 30)  # the caller's connect_args win
