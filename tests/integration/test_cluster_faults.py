@@ -327,6 +327,24 @@ class HeldLeases:
     def lost(self) -> list[bool]:
         return [lease.lost for lease in self.leases]
 
+    def around(
+        self, fault: Callable[[dict[str, float]], None], lost: list[bool]
+    ) -> Callable[[dict[str, float]], None]:
+        """The fault for ``run_workload``: take the leases, wait ``BEFORE``
+        seconds, run ``fault``, then put which leases were lost into ``lost``
+        and release them."""
+
+        def run(marks: dict[str, float]) -> None:
+            try:
+                self.take()
+                time.sleep(BEFORE)
+                fault(marks)
+                lost.extend(self.lost())
+            finally:
+                self.close()
+
+        return run
+
     def close(self) -> None:
         """Release them (close() does) and close the managers."""
         for manager in self.managers:
@@ -408,15 +426,6 @@ def test_a_node_crashes_and_restarts_under_load(
     held = HeldLeases(cluster.urls(CLUSTER_DATABASE), customer, LONG_TTL)
     lost: list[bool] = []
 
-    def crash(marks: dict[str, float]) -> None:
-        try:
-            held.take()
-            time.sleep(BEFORE)
-            crash_and_restart(marks)
-            lost.extend(held.lost())
-        finally:
-            held.close()
-
     def crash_and_restart(marks: dict[str, float]) -> None:
         marks["kill"] = time.monotonic()
         cluster.kill(KILLED)
@@ -431,7 +440,13 @@ def test_a_node_crashes_and_restarts_under_load(
         commits["end"] = _local_commits(cluster, KILLED)
 
     out = run_workload(
-        cluster, tmp_path, "crash", crash, ttl=LONG_TTL, long_hold=LONG_HOLDS, customer=customer
+        cluster,
+        tmp_path,
+        "crash",
+        held.around(crash_and_restart, lost),
+        ttl=LONG_TTL,
+        long_hold=LONG_HOLDS,
+        customer=customer,
     )
     marks = out.marks
     noticed = [t - marks["kill"] for t in out.set_asides(cluster).get(f"node{KILLED + 1}", [])]
@@ -592,15 +607,6 @@ def test_a_node_cut_off_and_reconnected_under_load(
     held = HeldLeases(cluster.urls(CLUSTER_DATABASE), customer, LONG_TTL)
     lost: list[bool] = []
 
-    def partition(marks: dict[str, float]) -> None:
-        try:
-            held.take()
-            time.sleep(BEFORE)
-            cut_and_heal(marks)
-            lost.extend(held.lost())
-        finally:
-            held.close()
-
     def cut_and_heal(marks: dict[str, float]) -> None:
         marks["isolate"] = time.monotonic()
         cluster.isolate(ISOLATED)
@@ -619,7 +625,7 @@ def test_a_node_cut_off_and_reconnected_under_load(
         cluster,
         tmp_path,
         "partition",
-        partition,
+        held.around(cut_and_heal, lost),
         ttl=LONG_TTL,
         long_hold=LONG_HOLDS,
         customer=customer,
