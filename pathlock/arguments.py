@@ -54,7 +54,9 @@ examples:
 The command runs without a shell, with {LEASE_ID_VAR} and {FENCING_TOKEN_VAR}
 in its environment (pass the token to storage that fences stale writers).
 SIGHUP, SIGINT and SIGTERM stop the wait for the locks, or are forwarded to the
-command while it runs; the locks are released when it exits.
+command's process group while it runs. The locks are released once the command
+exited and every process it started is gone: processes left behind are stopped
+(SIGTERM, then SIGKILL after --kill-grace seconds), also if pathlock is killed.
 
 exit status:
   N    the command's own exit status (128+N if it died of signal N)
@@ -316,7 +318,8 @@ def _add_lock(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         type=_seconds,
         default=DEFAULT_KILL_GRACE,
         metavar="S",
-        help="if the lease is lost: seconds between SIGTERM and SIGKILL to the command "
+        help="seconds between SIGTERM and SIGKILL when the command's processes are stopped "
+        "(lease lost, processes left behind, pathlock killed) "
         f"(default: {DEFAULT_KILL_GRACE:g})",
     )
     _node_id_option(parser)

@@ -17,14 +17,16 @@ With no database given, :func:`default_database_url` applies:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import URL, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from pathlock import batch
+from pathlock import batch, deadlines
 from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
 from pathlock.routing import node_name
 from pathlock.schema import REVISION, VERSION_TABLE
@@ -44,7 +46,17 @@ SOCKET_TIMEOUT = 30
 pathlock creates, before the connection counts as lost. pathlock's statements
 take milliseconds; what may legitimately take longer is a commit on a Galera
 cluster while it evicts a dead node (about ``evs.suspect_timeout`` + 1 s), or a
-row lock held by a long transaction. Keep it above both."""
+row lock held by a long transaction. Keep it above both. Every wait is also
+cut to the time its call has left (see :mod:`pathlock.deadlines`)."""
+
+LOCK_WAIT_TIMEOUT = 10
+"""Seconds the server lets a statement of pathlock's engines wait for a row
+lock (``innodb_lock_wait_timeout``, whole seconds; a smaller value the session
+already has is kept). A caller stops waiting when its own time is up, but the
+server does not notice a client that went away while its statement waits for a
+lock: without this, every caller that gave up on a customer whose client froze
+in the middle of a transaction would leave a server thread (and a connection
+slot) waiting for the server's default 50 s."""
 
 
 READ_ONLY = "pathlock_read_only"
@@ -122,7 +134,10 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         except (SQLAlchemyError, ValueError, ImportError) as error:
             raise BackendError("creating the database engine", error) from error
         batch.allow_batches(engine)
-        event.listen(engine, "connect", _causal_reads)
+        if engine.dialect.driver == "pymysql":
+            # After allow_batches' listener, which adds a connection flag.
+            event.listen(engine, "do_connect", _bounded_connect)
+        event.listen(engine, "connect", _session_settings)
         return engine, True
     kind = type(database).__name__
     raise ArgumentTypeError(
@@ -153,6 +168,36 @@ def open_engines(database: object, engine_options: dict[str, Any]) -> list[tuple
     return opened
 
 
+RENEWAL_POOL = {"pool_size": 1, "max_overflow": 1}
+"""The pool of the heartbeat's engines: one renewal round runs at a time."""
+
+
+def open_renewal_engines(
+    opened: list[tuple[Engine, bool]], engine_options: dict[str, Any]
+) -> list[tuple[Engine, bool]]:
+    """The engines of a manager's renewals, one per engine in ``opened``
+    (what :func:`open_engines` returned). For an engine pathlock created, a
+    second engine on the same database with a small pool of its own
+    (:data:`RENEWAL_POOL`, unless ``engine_options`` configure the pool): many
+    threads waiting for locks may hold every connection of the main pool, and
+    a renewal that waited behind them could come too late. An engine passed
+    in is shared as it is: renewals take their connections from its pool."""
+    pool_options = ("poolclass", "pool", "pool_size", "max_overflow")
+    options = dict(engine_options)
+    if not any(key in options for key in pool_options):
+        options.update(RENEWAL_POOL)
+    renewal: list[tuple[Engine, bool]] = []
+    try:
+        for engine, owned in opened:
+            renewal.append(open_engine(engine.url, dict(options)) if owned else (engine, False))
+    except PathLockError:
+        for engine, owned in renewal:
+            if owned:
+                engine.dispose()
+        raise
+    return renewal
+
+
 def _check_nodes(engines: list[Engine]) -> None:
     if len(engines) == 1:
         return
@@ -175,18 +220,32 @@ def _check_nodes(engines: list[Engine]) -> None:
 WSREP_SYNC_WAIT = 3
 
 
-def _causal_reads(dbapi_connection: Any, _record: object) -> None:
-    # Only where the server is a Galera node with causality checks off (a
-    # value set by the operator, globally or in init_command, is kept). MySQL
-    # has no such variables; SHOW VARIABLES then returns no rows.
+def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:
+    # Connections whose socket waits end with their caller's time (deadlines.py).
+    return deadlines.BoundedConnection(*cargs, **cparams)
+
+
+def _session_settings(dbapi_connection: Any, _record: object) -> None:
+    # Causal reads only where the server is a Galera node with causality
+    # checks off (a value set by the operator, globally or in init_command, is
+    # kept); MySQL has no such variables. The lock wait is only ever lowered.
+    # One SHOW for both, and one SET if anything needs changing, once per
+    # connection: nothing per operation.
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(
-            "SHOW SESSION VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_sync_wait')"
+            "SHOW SESSION VARIABLES WHERE Variable_name IN "
+            "('wsrep_on', 'wsrep_sync_wait', 'innodb_lock_wait_timeout')"
         )
         values = {str(name).lower(): str(value) for name, value in cursor.fetchall()}
+        settings = []
         if values.get("wsrep_on", "").upper() == "ON" and values.get("wsrep_sync_wait") == "0":
-            cursor.execute(f"SET SESSION wsrep_sync_wait = {WSREP_SYNC_WAIT}")
+            settings.append(f"wsrep_sync_wait = {WSREP_SYNC_WAIT}")
+        lock_wait = values.get("innodb_lock_wait_timeout", "")
+        if lock_wait.isdigit() and int(lock_wait) > LOCK_WAIT_TIMEOUT:
+            settings.append(f"innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT}")
+        if settings:
+            cursor.execute("SET SESSION " + ", ".join(settings))
     finally:
         cursor.close()
 
@@ -216,10 +275,11 @@ def _sqlite_engine(url: URL, engine_options: dict[str, Any]) -> Engine:
         raise BackendError("creating the database engine", error) from error
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
+    event.listen(engine, "invalidate", _sqlite_invalidate)
     return engine
 
 
-def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:
+def _sqlite_connect(dbapi_connection: Any, record: Any) -> None:
     # Let SQLAlchemy's "begin" event issue BEGIN itself (see _sqlite_begin):
     # the driver's own transaction handling begins lazily, before the first
     # write only, which would let a transaction read before it holds the lock.
@@ -232,6 +292,8 @@ def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:
         cursor.execute("PRAGMA synchronous=FULL")
         # Paths compare byte for byte, LIKE included (it folds ASCII case by
         # default, which would make /A/x a descendant of /a).
+        cursor.execute("PRAGMA busy_timeout")
+        record.info[_BUSY_CONFIGURED] = record.info[_BUSY_NOW] = int(cursor.fetchone()[0])
         cursor.execute("PRAGMA case_sensitive_like=ON")
         cursor.execute("SELECT 'a' LIKE 'A'")
         if cursor.fetchone()[0]:
@@ -241,6 +303,49 @@ def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:
             )
     finally:
         cursor.close()
+
+
+def _sqlite_invalidate(dbapi_connection: Any, _record: object, _error: object) -> None:
+    # A connection is thrown away after an interrupt (Ctrl-C in the middle of
+    # a statement, say). Closing it is not enough: while a statement of it is
+    # still referenced (by the interrupt's traceback, until the garbage
+    # collector runs), SQLite keeps the closed connection alive, and its
+    # transaction with it: every other connection of the host then waits for
+    # the write lock. Rolling back first lets go of the lock at once; on
+    # SQLite that is a local call, which no interrupted protocol can confuse.
+    # Closed already, or busy: closing follows anyway.
+    with contextlib.suppress(Exception):
+        dbapi_connection.rollback()
+
+
+_BUSY_CONFIGURED = "pathlock_busy_timeout_ms"
+_BUSY_NOW = "pathlock_busy_timeout_ms_now"
+_ONE_SECOND_MS = 1000
+
+
+def bound_busy_wait(connection: Connection, ends: float) -> None:
+    """On SQLite, let the transaction about to begin on ``connection`` wait
+    for the write lock until the monotonic time ``ends`` at most (the
+    connection's own busy timeout still applies when it is shorter). Costs
+    nothing on a server, and a PRAGMA (in-process, microseconds) on SQLite
+    only when the value changes."""
+    if connection.dialect.name != "sqlite":
+        return
+    info = connection.info
+    configured = info.get(_BUSY_CONFIGURED)
+    if configured is None:  # pragma: no cover - every connection of ours has it
+        return
+    left = int((ends - time.monotonic()) * 1000)
+    # Whole tenths of a second above one second, so that calls with about
+    # the same time left share one value and send no PRAGMA.
+    if left >= _ONE_SECOND_MS:
+        left -= left % 100
+    wanted = min(configured, max(left, 1))
+    if wanted != info.get(_BUSY_NOW):
+        driver = connection.connection.driver_connection
+        if driver is not None:
+            driver.execute(f"PRAGMA busy_timeout = {int(wanted)}")
+            info[_BUSY_NOW] = wanted
 
 
 def _sqlite_begin(connection: Any) -> None:

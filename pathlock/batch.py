@@ -67,6 +67,13 @@ def _compiled(statement: Executable, dialect: Dialect) -> Compiled:
     return statement.compile(dialect=dialect)  # type: ignore[attr-defined, no-any-return]
 
 
+def prepare(statement: Executable, dialect: Dialect) -> None:
+    """Compile ``statement`` for ``dialect`` now, outside any deadline: the
+    first request of a new shape (1,000 paths, say) takes seconds of client
+    CPU to compile, which must not count as the database's time."""
+    _compiled(statement, dialect)
+
+
 def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Reply]:
     """Send ``steps`` ((statement, parameters) pairs) in one round trip, inside
     the connection's transaction (begun if need be); return one reply each.

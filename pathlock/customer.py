@@ -27,6 +27,7 @@ class CustomerLocks:
         reason: str = "",
         ttl: float | None = None,
         on_lost: LostCallback | None = None,
+        owner: str | None = None,
     ) -> Lease:
         """Lock every path at once, all or nothing, waiting while any conflicts.
 
@@ -43,8 +44,15 @@ class CustomerLocks:
         other). A queued request that waits for locks of this owner does not
         hold this owner back. :class:`DeadlockDetected` is raised at once when
         waiting could never succeed: the request is blocked only by locks of its
-        own owner (this node, process and thread), or by locks of an owner that
-        is itself queued for something this owner holds.
+        own owner, or by locks of an owner that is itself queued for something
+        this owner holds.
+
+        The owner is, within this manager instance, ``owner`` if given (any
+        text, such as a request id: use it when one piece of work moves
+        between threads of a pool, or when unrelated work shares a thread),
+        else the calling asyncio task, else the calling thread. It decides
+        :meth:`release_locks` and the deadlock rule above; it never lets
+        anyone release a lease but through the lease itself.
 
         ``ttl`` overrides the manager's lease duration; ``on_lost`` is called if
         this lease is lost.
@@ -58,6 +66,7 @@ class CustomerLocks:
             ttl=ttl,
             blocking=True,
             on_lost=on_lost,
+            owner=owner,
         )
         if lease is None:  # pragma: no cover - a blocking acquire returns or raises
             raise AssertionError("blocking acquire returned no lease")
@@ -70,8 +79,10 @@ class CustomerLocks:
         reason: str = "",
         ttl: float | None = None,
         on_lost: LostCallback | None = None,
+        owner: str | None = None,
     ) -> Lease | None:
-        """One attempt: a :class:`Lease`, or ``None`` if anything conflicts."""
+        """One attempt: a :class:`Lease`, or ``None`` if anything conflicts
+        (``owner`` as for :meth:`lock_paths`)."""
         return self.manager._acquire(
             self.customer_id,
             paths,
@@ -81,13 +92,16 @@ class CustomerLocks:
             ttl=ttl,
             blocking=False,
             on_lost=on_lost,
+            owner=owner,
         )
 
-    def release_locks(self) -> int:
-        """Release every lease that this owner (this node, process and thread)
-        holds for this customer; return the number of paths released."""
-        self.manager._check_open()
-        return self.manager._release_owner(self.customer_id)
+    def release_locks(self, *, owner: str | None = None) -> int:
+        """Release every lease that this owner holds for this customer through
+        this manager; return the number of paths released. The owner is
+        ``owner`` if given, else the calling asyncio task, else the calling
+        thread (as for :meth:`lock_paths`): never another manager's leases,
+        nor another thread's or task's."""
+        return self.manager._release_owner(self.customer_id, owner)
 
     def list_locks(self, *, include_expired: bool = False) -> list[LockInfo]:
         """This customer's locked paths (see :meth:`PathLockManager.list_locks`)."""

@@ -90,26 +90,36 @@ class LockTimeout(PathLockError, TimeoutError):
     last attempts did not get an answer at all: they kept losing races with
     concurrent writes of the same customer (on a cluster, certification
     failures against grants through other nodes; see docs/CLUSTER.md).
+    ``unanswered`` is true when the time ran out while the database did not
+    answer: the server or the network hung, the host could not be reached, or
+    another client of the same customer stopped in the middle of a
+    transaction (then its lock on the customer's row held this request up).
+    The underlying error is chained as ``__cause__``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - positional, so that they pickle (see PathLockError)
         self,
         paths: Sequence[PathMode],
         timeout: float,
         held_by: Sequence[LockInfo],
         queued_behind: Sequence[WaiterInfo] = (),
-        contended: bool = False,  # positional, so that it pickles with the rest
+        contended: bool = False,
+        unanswered: bool = False,
     ) -> None:
-        self._args = (paths, timeout, held_by, queued_behind, contended)
+        self._args = (paths, timeout, held_by, queued_behind, contended, unanswered)
         self.paths = tuple(paths)
         self.timeout = timeout
         self.held_by = tuple(held_by)
         self.queued_behind = tuple(queued_behind)
         self.contended = contended
-        message = (
-            f"could not lock {_describe_request(self.paths)} within {timeout:g} s: "
-            f"{_describe_blockers(self.held_by, self.queued_behind)}"
-        )
+        self.unanswered = unanswered
+        message = f"could not lock {_describe_request(self.paths)} within {timeout:g} s: "
+        if unanswered and not self.held_by and not self.queued_behind:
+            message += "the database did not answer in time"
+        else:
+            message += _describe_blockers(self.held_by, self.queued_behind)
+            if unanswered:
+                message += "; then the database did not answer in time"
         if contended:
             message += (
                 "; the last attempts lost every race with concurrent writes of this "
@@ -172,6 +182,18 @@ class LeaseLost(PathLockError):
         super().__init__(f"lease {lease_id} is not held: {reason}")
 
 
+class ManagerClosed(PathLockError, RuntimeError):
+    """The :class:`PathLockManager` was closed: every call after
+    :meth:`~PathLockManager.close` raises this, and so does a request that was
+    waiting in another thread when the manager closed (it is not granted)."""
+
+    def __init__(self, action: str = "") -> None:
+        self._args = (action,)
+        self.action = action
+        detail = f": cannot {action}" if action else ""
+        super().__init__(f"this PathLockManager is closed{detail}")
+
+
 class BackendError(PathLockError):
     """The database failed in a way pathlock could not retry past: a transient
     error (deadlock, lock-wait timeout, lost connection) that persisted through
@@ -200,6 +222,42 @@ class ContentionTimeout(BackendError):
     docs/CLUSTER.md)."""
 
 
+class DatabaseTimeout(BackendError, TimeoutError):
+    """An operation got no answer from the database within its time: the
+    server or the network hung, the host could not be reached, or the rows it
+    needed were locked by a transaction that did not end (a client that
+    stopped in the middle of one). ``cause`` is the last error seen. If the
+    operation was a write whose COMMIT got no reply, it may have taken effect;
+    a lock request whose grant is in that state is never returned, and its
+    rows, if any, expire within its ttl."""
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "(no message)"
+
+
+class RequestTooLarge(InvalidArgument):
+    """A request asks for more than one request may hold: more paths than
+    ``pathlock.paths.MAX_REQUEST_PATHS`` (1000), or more characters of paths
+    in total than ``pathlock.paths.MAX_REQUEST_CHARACTERS`` (100,000). The
+    limits keep every statement of a request within what database servers
+    accept by default. Raised before anything is written; split the request,
+    or lock a common parent folder instead.
+
+    ``limit`` is ``"paths"`` or ``"characters"``, ``maximum`` the limit and
+    ``size`` the request's size in that unit (``None`` when the count stopped
+    at the first path over the limit).
+    """
+
+    def __init__(self, limit: str, maximum: int, size: int | None = None) -> None:
+        self._args = (limit, maximum, size)
+        self.limit = limit
+        self.maximum = maximum
+        self.size = size
+        what = "paths" if limit == "paths" else "characters of paths in total"
+        found = f"more than {maximum:,}" if size is None else f"{size:,}"
+        super().__init__(
+            f"request too large: {found} {what}, at most {maximum:,} per request "
+            "(lock a common parent folder instead, or split the request)"
+        )

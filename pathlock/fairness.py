@@ -67,8 +67,8 @@ def deadlock_party(
     live locks) block, each of the two holds what the other waits for: neither
     lock will be released while both wait.
     """
-    holders = {info.owner for info in blockers} - {owner}
+    holders = {info.owner.identity for info in blockers} - {owner.identity}
     for waiter in sorted(waiters, key=lambda info: info.ticket):
-        if waiter.owner in holders and requests_conflict(waiter.paths, owner_locks):
+        if waiter.owner.identity in holders and requests_conflict(waiter.paths, owner_locks):
             return waiter
     return None

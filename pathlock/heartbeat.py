@@ -1,23 +1,37 @@
 """The renewal thread: keeps a manager's leases alive, or says they are lost.
 
-One scheduler thread per manager wakes when a lease is due for renewal (a third
-of its ttl after its last renewal began) or about to be presumed lost. Renewals
-run on a separate short-lived thread, so a database call stuck in the network
-never stops the scheduler from declaring a lease lost in time: a lease that
-could not be renewed is reported lost ``margin`` seconds before its
-conservative deadline, i.e. before the database could grant its paths to
-anyone else.
+One scheduler thread per manager keeps its held leases in a heap ordered by
+the time each one next needs attention: its renewal (a third of its ttl after
+its last renewal began) or, while a renewal is under way or failing, the
+moment it must be presumed lost. Registering a lease is a push onto that heap
+(O(log n)); the thread wakes only when the earliest entry falls due, never
+rescans every lease.
+
+Renewals run on a separate short-lived thread, one round at a time, so a
+database call stuck in the network never stops the scheduler from declaring a
+lease lost in time: a lease that could not be renewed is reported lost
+``margin`` seconds before its conservative deadline, i.e. before the database
+could grant its paths to anyone else.
+
+``on_lost`` callbacks run on a third thread of their own (:class:`Callbacks`),
+so a callback that blocks, raises, calls ``sys.exit()`` or raises
+``KeyboardInterrupt`` can neither stop renewals nor delay another lease's
+loss being declared.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
+from pathlock import clock
 from pathlock.errors import PathLockError
-from pathlock.lease import Lease
+from pathlock.lease import Lease, LostCallback
 
 log = logging.getLogger(__name__)
 
@@ -26,42 +40,56 @@ _RETRY_AFTER = 1.0
 
 
 class Heartbeat:
-    """Schedules renewals of the leases ``leases()`` returns."""
+    """Renews the leases given to :meth:`add` until they are released or lost.
+
+    Constructing one starts nothing: the threads start with the first lease
+    (or the first lost callback) and end with :meth:`stop`.
+    """
 
     def __init__(
-        self,
-        leases: Callable[[], list[Lease]],
-        renew: Callable[[list[Lease]], None],
-        *,
-        name: str = "pathlock-heartbeat",
+        self, renew: Callable[[list[Lease]], None], *, name: str = "pathlock-heartbeat"
     ) -> None:
-        self._leases = leases
         self._renew = renew
         self._name = name
         self._condition = threading.Condition()
+        # (when, sequence, lease): the sequence breaks ties, and an entry is
+        # current only while it is the lease's latest (``_current``); older
+        # ones are skipped when they come up, so rescheduling is a push.
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._current: dict[Lease, int] = {}
+        self._sequence = itertools.count()
+        self._pending: list[Lease] = []  # due, waiting for the round in flight
+        self._busy: set[Lease] = set()  # pending or in the round in flight
         self._thread: threading.Thread | None = None
         self._in_flight: threading.Thread | None = None
         self._stopping = False
-        # Set by wake() and by a finished renewal: the leases changed since the
-        # thread last looked, so it must look again before sleeping (a notify
-        # that arrives while it is computing would otherwise be lost).
-        self._changed = False
+        # Set by add() and by a finished round: look again before sleeping (a
+        # notify that arrives while the thread is busy would otherwise be lost).
+        self._woken = False
+        self.callbacks = Callbacks(name=f"{name}-callbacks")
 
-    def wake(self) -> None:
-        """A lease was added or changed: start the thread, or recompute its sleep."""
+    def add(self, lease: Lease) -> None:
+        """Renew ``lease`` from now on: O(log n) in the leases held."""
         with self._condition:
             if self._stopping:
                 return
-            if self._thread is None:
+            self._schedule(lease, lease.renew_due)
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            self._changed = True
-            self._condition.notify()
+            elif self._heap[0][2] is lease:  # earlier than anything the thread sleeps for
+                self._woken = True
+                self._condition.notify()
+
+    def run_callbacks(self, lease: Lease, callbacks: Sequence[LostCallback]) -> None:
+        """Call ``callbacks`` with ``lease`` on the callback thread."""
+        self.callbacks.submit(lease, callbacks)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread and wait up to ``timeout`` seconds, in all, for it
-        and for a renewal in flight (one stuck in the network is left behind:
-        it is a daemon thread and its engine is about to be disposed)."""
+        """Stop the threads and wait up to ``timeout`` seconds, in all, for
+        them and for a renewal in flight (one stuck in the network is left
+        behind: it is a daemon thread and its engine is about to be
+        disposed). Callbacks already submitted still run."""
         deadline = time.monotonic() + timeout
         with self._condition:
             self._stopping = True
@@ -70,65 +98,157 @@ class Heartbeat:
         for waited in (thread, self._in_flight):
             if waited is not None and waited is not threading.current_thread():
                 waited.join(max(0.0, deadline - time.monotonic()))
+        self.callbacks.stop(max(0.0, deadline - time.monotonic()))
+
+    def _schedule(self, lease: Lease, when: float) -> None:
+        sequence = next(self._sequence)
+        self._current[lease] = sequence
+        heapq.heappush(self._heap, (when, sequence, lease))
 
     def _run(self) -> None:
         while True:
             with self._condition:
                 if self._stopping:
                     return
-                self._changed = False
-            now = time.monotonic()
-            live = [lease for lease in self._leases() if not lease.released]
-            self._declare_lost(live, now)
-            live = [lease for lease in live if not lease.lost]
-            due = [lease for lease in live if lease.renew_due <= now]
-            if due:
-                self._start_renewal(due)
-            # renew_due always comes before lost_at; both matter after a failed round.
-            wake_at = min((min(lease.renew_due, lease.lost_at) for lease in live), default=None)
+                self._woken = False
+                lost = self._pop_due(clock.now())
+                renewal = self._claim_round()
+            for lease in lost:
+                _declare_lost(lease)
+            if renewal is not None:
+                renewal.start()
             with self._condition:
                 if self._stopping:
                     return
-                if self._changed:
+                if self._woken:
                     continue
-                timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
-                # A lease due while its renewal is in flight must not spin.
-                if timeout is not None and self._in_flight is not None:
-                    timeout = max(timeout, 0.05)
+                timeout = None
+                if self._heap:
+                    timeout = max(0.0, self._heap[0][0] - clock.now())
                 self._condition.wait(timeout)
 
-    @staticmethod
-    def _declare_lost(leases: list[Lease], now: float) -> None:
-        for lease in leases:
-            if now >= lease.lost_at:
-                lease._mark_lost(  # once: later calls do nothing
-                    f"not renewed for {lease.ttl - lease.margin:.1f} s (database unreachable?); "
-                    f"it may have expired, so it counts as lost"
-                )
-
-    def _start_renewal(self, due: list[Lease]) -> None:
-        with self._condition:
-            if self._in_flight is not None and self._in_flight.is_alive():
-                return
-            thread = threading.Thread(
-                target=self._renew_round, args=(due,), name=f"{self._name}-renew", daemon=True
-            )
-            self._in_flight = thread
-        thread.start()
-
-    def _renew_round(self, due: list[Lease]) -> None:
-        try:
-            self._renew(due)
-        except Exception as error:  # the thread must survive anything
-            if isinstance(error, PathLockError):
-                log.warning("renewing %d lease(s) failed, retrying soon: %s", len(due), error)
+    def _pop_due(self, now: float) -> list[Lease]:
+        """Take the entries due by ``now``: due renewals go to the pending
+        round, and the leases to declare lost are returned."""
+        lost: list[Lease] = []
+        while self._heap and self._heap[0][0] <= now:
+            _, sequence, lease = heapq.heappop(self._heap)
+            if self._current.get(lease) != sequence:
+                continue  # rescheduled since
+            if lease.released:
+                del self._current[lease]
+            elif lease.lost:
+                del self._current[lease]
+                lost.append(lease)  # marking it again, if it was, does nothing
+            elif lease in self._busy:
+                # Renewed meanwhile (Lease.renew()): watch its new deadline.
+                self._schedule(lease, lease.lost_at)
+            elif now >= lease.renew_due:
+                self._pending.append(lease)
+                self._busy.add(lease)
+                # Until its round is back, it only needs watching for loss.
+                self._schedule(lease, lease.lost_at)
             else:
-                log.exception("renewing %d lease(s) failed unexpectedly", len(due))
-            retry_at = time.monotonic()
-            for lease in due:
+                self._schedule(lease, min(lease.renew_due, lease.lost_at))
+        return lost
+
+    def _claim_round(self) -> threading.Thread | None:
+        """The thread of the next round (to start outside the lock), if one
+        is pending and none is in flight."""
+        if self._in_flight is not None or not self._pending:
+            return None
+        batch, self._pending = self._pending, []
+        self._in_flight = threading.Thread(
+            target=self._round, args=(batch,), name=f"{self._name}-renew", daemon=True
+        )
+        return self._in_flight
+
+    def _round(self, batch: list[Lease]) -> None:
+        try:
+            self._renew(batch)
+        except Exception as error:  # the heartbeat must survive anything
+            if isinstance(error, PathLockError):
+                log.warning("renewing %d lease(s) failed, retrying soon: %s", len(batch), error)
+            else:
+                log.exception("renewing %d lease(s) failed unexpectedly", len(batch))
+            retry_at = clock.now()
+            for lease in batch:
                 lease.renew_due = retry_at + min(_RETRY_AFTER, lease.ttl / 10)
         finally:
             with self._condition:
                 self._in_flight = None
-                self._changed = True
+                for lease in batch:
+                    self._busy.discard(lease)
+                    if lease in self._current:  # not declared lost meanwhile
+                        self._schedule(lease, min(lease.renew_due, lease.lost_at))
+                self._woken = True
                 self._condition.notify()
+
+
+def _declare_lost(lease: Lease) -> None:
+    lease._mark_lost(  # once: later calls (and calls on released leases) do nothing
+        f"not renewed for {lease.ttl - lease.margin:.1f} s (database unreachable?); "
+        f"it may have expired, so it counts as lost"
+    )
+
+
+class Callbacks:
+    """Runs ``on_lost`` callbacks one at a time, in the order their losses
+    were declared, on a thread that nothing they do can end: an exception of
+    any kind (``SystemExit`` and ``KeyboardInterrupt`` included) is logged
+    and the next callback runs. A slow callback delays only the callbacks
+    after it."""
+
+    def __init__(self, *, name: str = "pathlock-callbacks") -> None:
+        self._name = name
+        self._condition = threading.Condition()
+        self._queue: deque[tuple[Lease, LostCallback]] = deque()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def submit(self, lease: Lease, callbacks: Sequence[LostCallback]) -> None:
+        """Queue ``callback(lease)`` for each callback; after :meth:`stop`,
+        a thread still runs them and then ends."""
+        with self._condition:
+            self._queue.extend((lease, callback) for callback in callbacks)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._condition.notify()
+
+    def stop(self, timeout: float) -> None:
+        """Let the thread end once the queue is empty; wait up to ``timeout``."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._queue and not self._stopping:
+                    self._condition.wait()
+                if not self._queue:
+                    self._thread = None
+                    return
+                lease, callback = self._queue.popleft()
+            _call(lease, callback)
+
+
+def _call(lease: Lease, callback: LostCallback) -> None:
+    try:
+        callback(lease)
+    except Exception:
+        log.exception("on_lost callback %r failed for lease %s", callback, lease.lease_id)
+    except BaseException as error:
+        # sys.exit() or KeyboardInterrupt in a thread other than the main one
+        # never ends the program; here it would only have ended renewals.
+        log.exception(
+            "on_lost callback %r raised %s for lease %s; it was ignored: a callback "
+            "runs on pathlock's thread, which cannot end the program",
+            callback,
+            type(error).__name__,
+            lease.lease_id,
+        )

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
+from pathlock import clock
 from pathlock.errors import BackendError, LeaseLost
 from pathlock.types import Owner, PathMode
 
 log = logging.getLogger(__name__)
 
 LostCallback = Callable[["Lease"], None]
-"""Called once, from pathlock's heartbeat thread (or the thread that found out),
-when a lease is lost. It must not block for long; exceptions are logged."""
+"""Called once when a lease is lost, on the manager's callback thread: one at a
+time, in the order the losses were found. A slow callback delays only the
+callbacks after it, never renewals; whatever it raises (``SystemExit`` and
+``KeyboardInterrupt`` included) is logged and ignored."""
 
 # How long before the conservative deadline a lease that could not be renewed
 # is declared lost: the holder hears of it before the database can let anyone
@@ -28,6 +30,8 @@ _MAX_MARGIN = 5.0
 class _Manager(Protocol):
     def _release(self, lease: Lease) -> int | None: ...
     def _renew_leases(self, leases: list[Lease]) -> None: ...
+    def _run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None: ...
+    def _verify(self, lease: Lease) -> bool: ...
 
 
 class Lease:
@@ -78,18 +82,25 @@ class Lease:
         is declared lost."""
         self._on_lost = on_lost
         self._lock = threading.Lock()
+        # Held while a release runs, so that two release() calls at once
+        # delete once; an interrupted release lets go of it and can be retried.
+        self._release_lock = threading.Lock()
         self._released = False
+        # True once the rows are known deleted, or left to expire: release()
+        # has nothing more to do.
+        self._settled = False
         self._lost_reason: str | None = None
         self._extend(attempt_started)
 
     def _extend(self, started: float) -> None:
         """The database set the expiry from a moment after ``started`` (a
-        monotonic time taken before the statement), so this client-side
-        deadline is never later than the real one."""
+        :func:`pathlock.clock.now` time taken before the statement), so this
+        client-side deadline is never later than the real one."""
         self._deadline = started + self.ttl
         self.renew_due = started + self.ttl / 3
         self.lost_at = self._deadline - self.margin
-        """Monotonic time from which, unless renewed, the lease counts as lost."""
+        """Time (:func:`pathlock.clock.now`) from which, unless renewed, the
+        lease counts as lost."""
 
     @property
     def released(self) -> bool:
@@ -100,9 +111,7 @@ class Lease:
     def lost(self) -> bool:
         """True when the lease is known or presumed to be no longer held, for a
         reason other than this process releasing it."""
-        return self._lost_reason is not None or (
-            not self._released and time.monotonic() >= self.lost_at
-        )
+        return self._lost_reason is not None or (not self._released and clock.now() >= self.lost_at)
 
     @property
     def expires_in(self) -> float:
@@ -110,15 +119,26 @@ class Lease:
         (0 once expired or released)."""
         if self._released:
             return 0.0
-        return max(0.0, self._deadline - time.monotonic())
+        return max(0.0, self._deadline - clock.now())
 
-    def ensure_held(self) -> None:
+    def ensure_held(self, *, verify: bool = False) -> None:
         """Raise :class:`LeaseLost` unless the lease is still held.
 
         Call it before an action that must only happen under the lock. Expiry
-        is judged on this process's monotonic clock, erring on the early side.
+        is judged on a clock that counts time the machine spent suspended
+        (Linux's CLOCK_BOOTTIME; see :mod:`pathlock.clock`), erring on the
+        early side. With ``verify``, the database is asked too (one read,
+        bounded like every call): the lease's rows must all be there and
+        unexpired by the database's clock; a lease found gone is lost from
+        then on (``on_lost`` runs). Use it before something irreversible; it
+        proves the lease was held at the moment of the read, so still pass
+        :attr:`fencing_token` to storage that can check it.
         """
         reason = self._why_not_held()
+        if reason is None and verify:
+            if not self._manager._verify(self):
+                self._mark_lost("the database no longer holds it (its rows are gone or expired)")
+            reason = self._why_not_held()
         if reason is not None:
             raise LeaseLost(self.lease_id, reason)
 
@@ -127,7 +147,7 @@ class Lease:
             return self._lost_reason
         if self._released:
             return "it was released"
-        if time.monotonic() >= self.lost_at:
+        if clock.now() >= self.lost_at:
             return f"it was not renewed within its ttl of {self.ttl:g} s"
         return None
 
@@ -141,27 +161,34 @@ class Lease:
     def release(self) -> None:
         """Release every path of the lease. Idempotent and thread-safe.
 
-        If the database stays unreachable through the store's retries, the rows
-        are left to expire at the end of the ttl and a WARNING is logged: the
+        If an interrupt (Ctrl-C, an exception from a signal handler) stops a
+        release midway, calling it again finishes it; the manager also
+        finishes it soon after on its own, and at ``close()``. If the
+        database stays unreachable through the store's retries, the rows are
+        left to expire at the end of the ttl and a WARNING is logged: the
         caller has nothing better to do with the failure.
         """
-        with self._lock:
-            if self._released:
+        with self._release_lock:
+            if self._settled:
                 return
+            # An earlier call was interrupted: its DELETE may have landed.
+            retry = self._released
             self._released = True
-        try:
-            deleted = self._manager._release(self)
-        except BackendError as error:
-            log.warning(
-                "could not release lease %s (%s); its locks expire within %.1f s: %s",
-                self.lease_id,
-                ", ".join(path for path, _ in self.paths),
-                max(0.0, self._deadline - time.monotonic()),
-                error,
-            )
-            return
+            try:
+                deleted = self._manager._release(self)
+            except BackendError as error:
+                self._settled = True
+                log.warning(
+                    "could not release lease %s (%s); its locks expire within %.1f s: %s",
+                    self.lease_id,
+                    ", ".join(path for path, _ in self.paths),
+                    max(0.0, self._deadline - clock.now()),
+                    error,
+                )
+                return
+            self._settled = True
         # None: a retry found the rows gone, which its first try deleted.
-        if deleted == 0 and self._lost_reason is None:
+        if deleted == 0 and not retry and self._lost_reason is None:
             self._lost_reason = (
                 "its rows were gone when it was released (expired and reaped, "
                 "or deleted by an operator)"
@@ -169,8 +196,28 @@ class Lease:
             log.warning("lease %s: %s", self.lease_id, self._lost_reason)
 
     def _mark_released(self) -> None:
-        """The rows were deleted by a bulk release of this lease's owner."""
+        """The rows were deleted (or are being deleted) by the manager: a bulk
+        release of this lease's owner, or the settling of a lease in doubt."""
         self._released = True
+        self._settled = True
+
+    def _end(self, reason: str) -> None:
+        """The manager takes the lease away while its holder may still be
+        using it (``close()``): the holder hears of it as of a lost lease
+        (:meth:`ensure_held`, leaving its ``with`` block), but no ``on_lost``
+        callback runs, since nothing went wrong."""
+        with self._lock:
+            if self._lost_reason is None and not self._released:
+                self._lost_reason = reason
+
+    def _disown(self, reason: str) -> None:
+        """This copy of the lease lives in a forked child: the lease belongs
+        to the parent, and nothing here may release or renew it."""
+        self._lock = threading.Lock()
+        self._release_lock = threading.Lock()
+        self._lost_reason = reason
+        self._released = True
+        self._settled = True
 
     def _mark_lost(self, reason: str) -> None:
         """Record that the lease is lost and tell whoever asked, once."""
@@ -179,11 +226,10 @@ class Lease:
                 return
             self._lost_reason = reason
         log.warning("lease %s (%s) lost: %s", self.lease_id, self.describe_paths(), reason)
-        for callback in self._on_lost:
-            try:
-                callback(self)
-            except Exception:
-                log.exception("on_lost callback %r failed for lease %s", callback, self.lease_id)
+        if self._on_lost:
+            # Not on this thread: it may be the heartbeat's, which a callback
+            # must neither end (sys.exit()) nor hold up.
+            self._manager._run_callbacks(self, self._on_lost)
 
     def describe_paths(self) -> str:
         return ", ".join(f"{path} ({mode})" for path, mode in self.paths)

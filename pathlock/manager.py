@@ -9,12 +9,15 @@ process's waiters of the same customer).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -22,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import URL, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from pathlock import reaper, validation
+from pathlock import clock, deadlines, lifecycle, owners, reaper, validation
 from pathlock.acquire import acquire
-from pathlock.backends import open_engines, upgrade_sqlite_schema
+from pathlock.backends import open_engines, open_renewal_engines, upgrade_sqlite_schema
 from pathlock.customer import CustomerLocks
 from pathlock.errors import (
     ArgumentTypeError,
@@ -32,6 +35,7 @@ from pathlock.errors import (
     ContentionTimeout,
     InvalidArgument,
     LockTimeout,
+    ManagerClosed,
     PathLockError,
 )
 from pathlock.heartbeat import Heartbeat
@@ -40,6 +44,7 @@ from pathlock.paths import normalize_request
 from pathlock.records import GrantRequest
 from pathlock.routing import Router
 from pathlock.schema import metadata
+from pathlock.settling import InDoubt
 from pathlock.store import Store
 from pathlock.types import LockInfo, Owner, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
@@ -49,6 +54,22 @@ if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIME = 10.5
+"""Seconds :meth:`PathLockManager.close` may spend releasing what it holds,
+however many leases: those it could not release in time are left to expire."""
+RESOLVE_TIME = 1.0
+"""Seconds an interrupted call spends deleting a grant it may have made before
+the interrupt propagates; what is left is deleted from a background thread."""
+CLOSE_WAIT = 5.0
+"""Seconds :meth:`PathLockManager.close` waits for calls still running in other
+threads before it disposes the engine (within :data:`CLOSE_TIME`)."""
+
+
+# A renewal that found a customer's sentinel held by another transaction tries
+# that customer again this soon (at most ttl/20): a grant holds it for a
+# millisecond or so; a client frozen in the middle of one, until it is killed.
+_SKIPPED_RETRY = 0.05
 
 
 def _requester(requested_by: object) -> str:
@@ -105,7 +126,7 @@ class PathLockManager:
       declared lost (``on_lost``, :attr:`Lease.lost`) when it is found gone or
       could not be renewed until shortly before it may have expired.
     - ``on_lost``: called with the :class:`Lease` when any lease of this manager
-      is lost, from the heartbeat's thread.
+      is lost, on the manager's callback thread (see :data:`LostCallback`).
     - ``cleanup_on_start``: delete every lock and waiter row of ``node_id`` first:
       what a crashed earlier run of this node left behind. It needs an explicit
       ``node_id`` that no other running process uses (one per process, stable
@@ -168,43 +189,90 @@ class PathLockManager:
             if self.engine.dialect.name == "sqlite":
                 upgrade_sqlite_schema(self.engine)
             self._store = Store(Router(self.engines, affinity=affinity), max_attempts=max_attempts)
+            # The heartbeat's own pool: threads waiting for locks can never
+            # take every connection while a renewal is due.
+            renewal = open_renewal_engines(opened, dict(engine_options or {}))
+            self._owned += [engine for engine, owned in renewal if owned]
+            self._renewals = Store(
+                Router([engine for engine, _ in renewal], affinity=affinity),
+                max_attempts=max_attempts,
+            )
             if cleanup_on_start:
                 self._clean_up_node()
         except PathLockError:
             self._dispose()
             raise
+        self._renews = heartbeat
+        self._on_lost = () if on_lost is None else (on_lost,)
+        self._closed = False
+        self._close_done = False
+        self._start_process_state()
+        lifecycle.track(self)
+
+    def _start_process_state(self) -> None:
+        """Everything that belongs to one process: the owner identity, the
+        leases, the threads and the internal locks. Made at construction and
+        made anew in a forked child (:meth:`_after_fork`)."""
+        self._pid = os.getpid()
+        self._identity = owners.new_identity()
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         # Leases whose release failed: lease id -> monotonic time by which their
         # rows have surely expired.
         self._abandoned: dict[str, float] = {}
-        self._closed = False
+        self._in_doubt = InDoubt(
+            self._settle_release,
+            lambda: self._close_done,
+            name=f"pathlock-settle-{self.node_id}",
+        )
+        self._calls = _Calls()
         self._reaper = reaper.ReaperJobs(
             lambda batch_size: self.reap_expired(batch_size=batch_size),
             name=f"pathlock reaper ({self.node_id})",
         )
-        self._on_lost = () if on_lost is None else (on_lost,)
-        self._heartbeat = (
-            Heartbeat(
-                self._live_leases, self._renew_leases, name=f"pathlock-heartbeat-{self.node_id}"
-            )
-            if heartbeat
-            else None
+        # Always there: it also runs the on_lost callbacks (a lease renewed
+        # only by Lease.renew() can be lost too); it renews only if asked.
+        self._heartbeat = Heartbeat(
+            functools.partial(self._renew_leases, heartbeat=True),
+            name=f"pathlock-heartbeat-{self.node_id}",
         )
+
+    def _after_fork(self) -> None:
+        """Run in a child forked from a process that used this manager: the
+        child gets fresh connection pools (the parent's sockets are left
+        alone, neither used nor closed), a new owner identity, no leases (the
+        parent's stay the parent's: here they count as lost, and nothing can
+        release or renew them), and its own threads and internal locks."""
+        inherited = list(self._leases.values())
+        for store in (self._store, self._renewals):
+            store.router.after_fork()
+            for node in store.router.nodes:
+                node.engine.dispose(close=False)
+        self._wakeups = LocalWakeups()
+        parent = self._pid
+        self._start_process_state()
+        for lease in inherited:
+            lease._disown(
+                f"it belongs to process {parent}; this process (pid {self._pid}) "
+                f"is a fork() of it and does not hold it"
+            )
 
     # -- public API ---------------------------------------------------------------
 
     def for_customer(self, customer_id: int) -> CustomerLocks:
         """The locks of one customer (tenant); customers never block each other."""
-        return CustomerLocks(self, validation.customer_id(customer_id))
+        customer_id = validation.customer_id(customer_id)
+        self._check_open("lock paths")
+        return CustomerLocks(self, customer_id)
 
     def create_schema(self) -> None:
         """Create the tables that do not exist yet (quick starts and tests;
         production runs the Alembic migrations). Never alters existing tables."""
-        try:
-            metadata.create_all(self.engine)
-        except SQLAlchemyError as error:
-            raise BackendError("creating the schema", error) from error
+        with self._call("create the schema"):
+            try:
+                metadata.create_all(self.engine)
+            except SQLAlchemyError as error:
+                raise BackendError("creating the schema", error) from error
 
     def list_locks(
         self, customer_id: int | None = None, *, include_expired: bool = False
@@ -216,20 +284,22 @@ class PathLockManager:
         """
         if customer_id is not None:
             customer_id = validation.customer_id(customer_id)
-        return self._store.list_locks(customer_id, include_expired=include_expired)
+        with self._call("list locks"):
+            return self._store.list_locks(customer_id, include_expired=include_expired)
 
     def database_time(self) -> datetime:
         """The database's clock (UTC), by which every lease expires: compare
         :attr:`LockInfo.expires_at` with this, not with the local clock."""
-        self._check_open()
-        return self._store.database_time()
+        with self._call("read the database's clock"):
+            return self._store.database_time()
 
     def list_waiters(self, customer_id: int | None = None) -> list[WaiterInfo]:
         """Queued requests of one customer (or of all) that are still alive,
         oldest first."""
         if customer_id is not None:
             customer_id = validation.customer_id(customer_id)
-        return self._store.list_waiters(customer_id)
+        with self._call("list waiters"):
+            return self._store.list_waiters(customer_id)
 
     def reap_expired(self, *, batch_size: int = reaper.BATCH_SIZE) -> int:
         """Delete expired lock rows and dead waiter rows; return how many.
@@ -240,10 +310,10 @@ class PathLockManager:
         judged by the database's clock. Any number of nodes may reap at once.
         """
         batch_size = validation.positive_int("batch_size", batch_size)
-        self._check_open()
         started = time.monotonic()
-        # close() stops a run between batches.
-        locks, waiters = self._store.reap(batch_size, lambda: self._closed)
+        with self._call("reap expired locks"):
+            # close() stops a run between batches.
+            locks, waiters = self._store.reap(batch_size, lambda: self._closed)
         if locks or waiters:
             log.info(
                 "reaped %d expired lock rows and %d dead waiter rows in %.3f s",
@@ -259,7 +329,7 @@ class PathLockManager:
         """Run :meth:`reap_expired` every ``interval`` seconds (first run now)
         on an APScheduler background scheduler that this manager owns and
         shuts down in :meth:`close`."""
-        self._check_open()
+        self._check_open("start the reaper")
         self._reaper.start(interval, batch_size)
 
     def add_reaper_job(
@@ -278,7 +348,7 @@ class PathLockManager:
         job. The job calls this manager, so it needs the scheduler's in-memory
         job store (it cannot be pickled into a persistent one).
         """
-        self._check_open()
+        self._check_open("add a reaper job")
         return self._reaper.add(scheduler, interval, batch_size, job_id)
 
     def release_lease(self, lease_id: str, *, requested_by: str = "") -> int:
@@ -289,15 +359,15 @@ class PathLockManager:
         must not rely on the lock after."""
         lease_id = validation.lease_id(lease_id)
         who = _requester(requested_by)
-        self._check_open()
-        customer_id = self._store.lease_customer(lease_id)
-        if customer_id is None:
-            log.warning("nothing released: no lease %s%s", lease_id, who)
-            return 0
-        try:
-            deleted = self._store.release(customer_id, lease_id)
-        finally:
-            self._wakeups.notify(customer_id)
+        with self._call("release a lease"):
+            customer_id = self._store.lease_customer(lease_id)
+            if customer_id is None:
+                log.warning("nothing released: no lease %s%s", lease_id, who)
+                return 0
+            try:
+                deleted = self._store.release(customer_id, lease_id)
+            finally:
+                self._wakeups.notify(customer_id)
         if deleted is None:  # a retry found the rows gone: the first attempt took them
             log.warning(
                 "released lease %s (customer %d; how many paths was lost with the connection)%s",
@@ -318,25 +388,46 @@ class PathLockManager:
         leases."""
         node_id = validation.node_id(node_id)
         who = _requester(requested_by)
-        self._check_open()
-        deleted = self._release_node(node_id)
+        with self._call("release a node's locks"):
+            deleted = self._release_node(node_id)
         log.warning("released %s of node %r%s", _paths(deleted), node_id, who)
         return deleted
 
     def close(self) -> None:
         """Stop the heartbeat and the reaper, release every lease this manager
         still holds, and dispose the engine if the manager created it.
-        Idempotent; nothing of the manager is left running afterwards."""
-        if self._closed:
-            return
-        self._closed = True
-        self._reaper.stop()
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+
+        Requests waiting in other threads wake and raise
+        :class:`ManagerClosed`; nothing is granted after the close. A holder
+        whose lease the close released finds it lost: :meth:`Lease.ensure_held`
+        raises :class:`LeaseLost`, and so does leaving its ``with`` block
+        (``on_lost`` callbacks do not run). Every later call raises
+        :class:`ManagerClosed`. Calls still running in other threads get
+        :data:`CLOSE_WAIT` seconds to finish before the engine is disposed.
+        Idempotent; if an interrupt stops it midway, calling it again (or the
+        interpreter's exit) finishes it. Nothing of the manager is left running
+        afterwards. Managers still open when the interpreter exits are closed
+        then."""
         with self._leases_lock:
+            first = not self._closed
+            self._closed = True
             leases = list(self._leases.values())
-        for lease in leases:
-            lease.release()
+        if self._close_done:
+            return
+        if first:
+            self._wakeups.close()
+            self._reaper.stop()
+            self._heartbeat.stop()
+        # One bound for all of them: a database that does not answer costs
+        # close() CLOSE_TIME, not that much per lease.
+        with deadlines.limit(time.monotonic() + CLOSE_TIME):
+            for lease in leases:
+                lease._end("the PathLockManager was closed while the lease was held")
+                lease.release()
+            self._calls.wait_idle(CLOSE_WAIT)
+            self._in_doubt.settle()
+        self._close_done = True
+        lifecycle.forget(self)
         self._dispose()
 
     def __enter__(self) -> PathLockManager:
@@ -376,9 +467,25 @@ class PathLockManager:
         for engine in self._owned:
             engine.dispose()
 
-    def _check_open(self) -> None:
+    def _check_open(self, action: str) -> None:
         if self._closed:
-            raise PathLockError("this PathLockManager is closed")
+            raise ManagerClosed(action)
+        if os.getpid() != self._pid:
+            # Forked without os.fork()'s hooks (from C, say): catch up now.
+            self._after_fork()
+
+    @contextlib.contextmanager
+    def _call(self, action: str | None) -> Iterator[None]:
+        """One call that may use the database; ``action`` names it for
+        :class:`ManagerClosed` (``None``: allowed after close, such as the
+        release of a lease that close() releases anyway)."""
+        if action is not None:
+            self._check_open(action)
+        with self._calls.running():
+            yield
+
+    def _owner(self, name: object) -> Owner:
+        return owners.current(self._identity, self.node_id, name)
 
     def _acquire(
         self,
@@ -391,6 +498,7 @@ class PathLockManager:
         ttl: object,
         blocking: bool,
         on_lost: LostCallback | None,
+        owner: object,
     ) -> Lease | None:
         paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
         wait_limit = validation.timeout(timeout) if blocking else 0.0
@@ -398,61 +506,109 @@ class PathLockManager:
             customer_id=customer_id,
             lease_id=secrets.token_hex(16),
             paths=paths,
-            owner=Owner.current(self.node_id),
+            owner=self._owner(owner),
             reason=validation.reason(reason),
             ttl=self.ttl if ttl is None else validation.ttl(ttl),
             abandoned=self._abandoned_leases(),
         )
         callbacks = () if on_lost is None else (on_lost,)
-        self._check_open()
-        try:
-            granted = acquire(
-                self._store,
-                self._wakeups,
-                self.backoff,
-                request,
-                blocking=blocking,
-                wait_limit=wait_limit,
-            )
-        except (BackendError, LockTimeout) as error:
-            if isinstance(error, BackendError) or error.contended:
-                # An attempt whose COMMIT went out but whose reply never came
-                # may have granted the rows after all, and no later attempt
-                # found out. Nobody renews them, so they expire within the ttl;
-                # until then they block this owner like any abandoned lease.
-                self._abandon(request.lease_id, request.ttl)
-            if isinstance(error, ContentionTimeout) and not blocking:
-                return None  # a try-lock that could not be granted without waiting
-            raise
-        if granted is None:
-            return None
-        token, started = granted
-        return self._register(request, token, started, callbacks)
+        with self._call("lock paths"):
+            try:
+                granted = acquire(
+                    self._store,
+                    self._wakeups,
+                    self.backoff,
+                    request,
+                    blocking=blocking,
+                    wait_limit=wait_limit,
+                    closed=lambda: self._closed,
+                )
+                if granted is None:
+                    return None
+                token, started = granted
+                return self._register(request, token, started, callbacks)
+            except (BackendError, LockTimeout) as error:
+                if isinstance(error, BackendError) or error.contended or error.unanswered:
+                    # An attempt whose COMMIT went out but whose reply never
+                    # came may have granted the rows after all, and no later
+                    # attempt found out. They block this owner like any
+                    # abandoned lease until they are deleted by their lease id
+                    # (soon, from a background thread, once the database
+                    # answers) or expire within the ttl.
+                    self._abandon(request.lease_id, request.ttl)
+                    self._in_doubt.add(request.customer_id, request.lease_id, request.ttl)
+                    self._in_doubt.settle_soon()
+                if isinstance(error, ContentionTimeout) and not blocking:
+                    return None  # a try-lock that could not be granted without waiting
+                raise
+            except PathLockError:
+                raise  # denied for good (deadlock, closed): nothing was granted
+            except BaseException:
+                # Interrupted (Ctrl-C, an exception raised by a signal
+                # handler, ...) at any point: the last attempt's COMMIT may
+                # have landed, or the lease may be registered already. Its
+                # rows must not outlive the call unknown to anyone.
+                self._resolve(request.customer_id, request.lease_id, request.ttl)
+                raise
 
-    def _live_leases(self) -> list[Lease]:
+    def _resolve(self, customer_id: int, lease_id: str, ttl: float) -> None:
+        """Delete whatever rows ``lease_id`` may have, now if possible, else
+        soon after from a background thread (and at close)."""
+        self._in_doubt.add(customer_id, lease_id, ttl)
+        # Until they are gone, its rows make this owner wait, not fail as a
+        # request that waits for itself.
+        self._abandon(lease_id, ttl)
         with self._leases_lock:
-            return list(self._leases.values())
+            lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            lease._mark_released()
+        settled = False
+        try:
+            # Briefly: the caller is on its way out (an interrupt, a close).
+            with deadlines.limit(time.monotonic() + RESOLVE_TIME):
+                settled = self._in_doubt.settle()
+        finally:
+            if not settled:
+                self._in_doubt.settle_soon()
 
-    def _renew_leases(self, leases: list[Lease]) -> None:
-        """Renew ``leases`` (one transaction per distinct ttl); mark the ones
-        found gone as lost. Raises :class:`BackendError` if the database
-        cannot be reached."""
+    def _settle_release(self, customer_id: int, lease_id: str) -> None:
+        try:
+            self._store.forget(customer_id, lease_id)
+        finally:
+            self._wakeups.notify(customer_id)
+
+    def _renew_leases(self, leases: list[Lease], *, heartbeat: bool = False) -> None:
+        """Renew ``leases`` (one transaction per distinct ttl and home node);
+        mark the ones found gone as lost. Raises :class:`BackendError` if the
+        database cannot be reached.
+
+        The heartbeat's renewals (``heartbeat``) use connections of their own
+        and pass over a customer whose sentinel another transaction holds: its
+        leases are tried again shortly, and are lost only if that lasts until
+        they may have expired; the other customers' leases are renewed."""
+        store = self._renewals if heartbeat else self._store
         # One transaction per ttl and home node: with customer affinity on a
         # cluster, each customer's renewals go where its grants go.
         groups: dict[tuple[float, str], list[Lease]] = {}
         for lease in leases:
-            key = (lease.ttl, self._store.home(lease.customer_id))
+            key = (lease.ttl, store.home(lease.customer_id))
             groups.setdefault(key, []).append(lease)
         for (ttl, _home), group in groups.items():
-            started = time.monotonic()
-            held = self._store.renew(
-                {lease.customer_id for lease in group},
-                [(lease.lease_id, len(lease.paths)) for lease in group],
+            started = clock.now()
+            held, skipped = store.renew(
+                [(lease.customer_id, lease.lease_id, len(lease.paths)) for lease in group],
                 ttl,
+                # Waiting, even for the heartbeat: passing over a customer
+                # whose sentinel is locked (SKIP LOCKED) starved the leases
+                # of a busy customer, whose sentinel is locked by one grant
+                # after another, until they were lost (the fault suites).
+                wait=True,
             )
             for lease in group:
                 if lease.lease_id in held:
                     lease._extend(started)
+                elif lease.customer_id in skipped:
+                    lease.renew_due = clock.now() + min(_SKIPPED_RETRY, ttl / 20)
                 else:
                     lease._mark_lost(
                         "its rows were gone when it was renewed (expired, reaped, "
@@ -479,24 +635,45 @@ class PathLockManager:
             on_lost=(*on_lost, *self._on_lost),
         )
         with self._leases_lock:
-            self._leases[lease.lease_id] = lease
-        if self._heartbeat is not None:
-            self._heartbeat.wake()
+            closed = self._closed
+            if not closed:
+                self._leases[lease.lease_id] = lease
+        if closed:
+            # close() ran while this grant was on its way: it must not hold.
+            self._resolve(request.customer_id, request.lease_id, request.ttl)
+            raise ManagerClosed("lock paths")
+        if self._renews:
+            self._heartbeat.add(lease)
         return lease
 
+    def _verify(self, lease: Lease) -> bool:
+        with self._call("verify a lease"):
+            return self._store.lease_alive(lease.customer_id, lease.lease_id, len(lease.paths))
+
+    def _run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None:
+        self._heartbeat.run_callbacks(lease, callbacks)
+
     def _release(self, lease: Lease) -> int | None:
-        with self._leases_lock:
-            self._leases.pop(lease.lease_id, None)
-        try:
-            return self._store.release(lease.customer_id, lease.lease_id)
-        except BackendError:
-            # Its rows stay until they expire. A request of the same owner
-            # that they block waits for that instead of failing as a request
-            # that waits for itself.
-            self._abandon(lease.lease_id, lease.ttl)
-            raise
-        finally:
-            self._wakeups.notify(lease.customer_id)
+        with self._calls.running():
+            with self._leases_lock:
+                self._leases.pop(lease.lease_id, None)
+            try:
+                return self._store.release(lease.customer_id, lease.lease_id)
+            except BackendError:
+                # Its rows stay until they expire. A request of the same owner
+                # that they block waits for that instead of failing as a
+                # request that waits for itself.
+                self._abandon(lease.lease_id, lease.ttl)
+                raise
+            except BaseException:
+                # Interrupted: the DELETE may or may not have happened. (Not
+                # recorded before the call: settling it from another thread
+                # while this release runs would make this one find nothing.)
+                self._in_doubt.add(lease.customer_id, lease.lease_id, lease.ttl)
+                self._in_doubt.settle_soon()
+                raise
+            finally:
+                self._wakeups.notify(lease.customer_id)
 
     def _abandon(self, lease_id: str, ttl: float) -> None:
         # Its rows, if any, expire within a ttl of now (nobody renews them);
@@ -513,17 +690,51 @@ class PathLockManager:
                     del self._abandoned[lease_id]
             return frozenset(self._abandoned)
 
-    def _release_owner(self, customer_id: int) -> int:
-        owner = Owner.current(self.node_id)
-        deleted = self._store.release_owner(customer_id, owner)
-        with self._leases_lock:
-            mine = [
-                lease
-                for lease in self._leases.values()
-                if lease.customer_id == customer_id and lease.owner == owner
-            ]
+    def _release_owner(self, customer_id: int, name: object) -> int:
+        owner = self._owner(name)
+        with self._call("release locks"):
+            with self._leases_lock:
+                mine = [
+                    lease
+                    for lease in self._leases.values()
+                    if lease.customer_id == customer_id and lease.owner.key == owner.key
+                ]
+                for lease in mine:
+                    del self._leases[lease.lease_id]
             for lease in mine:
-                del self._leases[lease.lease_id]
                 lease._mark_released()
-        self._wakeups.notify(customer_id)
-        return deleted
+            try:
+                return self._store.release_owner(customer_id, owner)
+            except BaseException:
+                # Failed or interrupted: delete them by lease id, soon.
+                for lease in mine:
+                    self._in_doubt.add(customer_id, lease.lease_id, lease.ttl)
+                self._in_doubt.settle_soon()
+                raise
+            finally:
+                self._wakeups.notify(customer_id)
+
+
+class _Calls:
+    """The calls of a manager that are using the database right now, so that
+    close() can let them finish before it disposes the engine."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._count = 0
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self._condition:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._count -= 1
+                if not self._count:
+                    self._condition.notify_all()
+
+    def wait_idle(self, timeout: float) -> None:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._count, timeout)

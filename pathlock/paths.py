@@ -13,11 +13,22 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from pathlock.errors import InvalidPath
+from pathlock.errors import InvalidPath, RequestTooLarge
 from pathlock.types import EXCLUSIVE, SHARED, Mode, PathMode
 
 MAX_PATH_LENGTH = 4000
 """Longest normalized path, in characters (code points); the column's size."""
+
+MAX_REQUEST_PATHS = 1000
+"""Most paths one request may lock (after duplicates are merged)."""
+
+MAX_REQUEST_CHARACTERS = 100_000
+"""Most characters the normalized paths of one request may have in total.
+
+With :data:`MAX_REQUEST_PATHS`, this bounds what one request sends to the
+database: at the limits, the largest statement stays under 4 MiB, the smallest
+default ``max_allowed_packet`` of MySQL (5.7) and MariaDB servers, whatever the
+characters and the depth of the paths."""
 
 LIKE_ESCAPE = "\\"
 """The escape character of every LIKE pattern built here."""
@@ -85,6 +96,19 @@ def ancestors(path: str) -> list[str]:
     return found
 
 
+def prefix_lengths(path: str) -> list[int]:
+    """The lengths of a normalized path's ancestors and of the path itself,
+    root first: the paths a lock on ``path`` meets by equality are exactly
+    ``path[:n]`` for these ``n``.
+
+    >>> prefix_lengths("/a/bc/d")
+    [1, 2, 5, 7]
+    >>> prefix_lengths("/")
+    [1]
+    """
+    return [len(ancestor) for ancestor in ancestors(path)] + [len(path)]
+
+
 def escape_like(text: str) -> str:
     """Escape ``%``, ``_`` and the escape character so ``text`` matches itself."""
     return _LIKE_SPECIAL.sub(r"\\\1", text)
@@ -96,6 +120,24 @@ def descendants_pattern(path: str) -> str:
     if path == "/":
         return "/_%"  # at least one character after the slash: not the root itself
     return escape_like(path + "/") + "%"
+
+
+def descendants_range(path: str) -> tuple[str, str]:
+    """Bounds ``(low, high)``: the normalized paths ``p`` with ``low <= p <
+    high``, compared code point by code point, are exactly the proper
+    descendants of ``path`` (and, for the root, the root itself). A range, not
+    a LIKE pattern: MariaDB's index range for ``LIKE '/a/%'`` under a binary
+    collation ends below four-byte characters, so ``/a/😀`` was not found.
+
+    >>> descendants_range("/a/b")
+    ('/a/b/', '/a/b0')
+    >>> descendants_range("/")
+    ('/', '0')
+    """
+    low = path if path == "/" else path + "/"
+    # '0' follows '/' in code point order: every string that starts with
+    # `low` sorts below `low` with its last character replaced by '0'.
+    return low, low[:-1] + "0"
 
 
 def overlaps(first: str, second: str) -> bool:
@@ -125,7 +167,10 @@ def normalize_request(
     """Normalize the paths of one request into sorted, unique (path, mode) pairs.
 
     A path asked for in both modes is locked exclusive (the stronger mode).
-    An empty request is an error: there would be nothing to hold.
+    An empty request is an error: there would be nothing to hold. A request
+    of more than :data:`MAX_REQUEST_PATHS` paths, or of more than
+    :data:`MAX_REQUEST_CHARACTERS` characters of paths in total, raises
+    :class:`RequestTooLarge`.
     """
     modes: dict[str, Mode] = {}
     for mode, given in ((SHARED, shared), (EXCLUSIVE, exclusive)):
@@ -133,8 +178,14 @@ def normalize_request(
             raise InvalidPath(given, "expected an iterable of path strings")
         for raw in given:  # type: ignore[attr-defined]
             modes[normalize(raw, case_insensitive=case_insensitive)] = mode
+            # Checked as paths come in: a huge iterable is refused early.
+            if len(modes) > MAX_REQUEST_PATHS:
+                raise RequestTooLarge("paths", MAX_REQUEST_PATHS)
     if not modes:
         raise InvalidPath((), "no paths requested")
+    characters = sum(len(path) for path in modes)
+    if characters > MAX_REQUEST_CHARACTERS:
+        raise RequestTooLarge("characters", MAX_REQUEST_CHARACTERS, characters)
     return tuple(sorted(modes.items()))
 
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pathlock import validation
-from pathlock.errors import ArgumentTypeError, InvalidArgument, PathLockError
+from pathlock.errors import ArgumentTypeError, InvalidArgument, ManagerClosed, PathLockError
 
 if TYPE_CHECKING:
     from apscheduler.job import Job
@@ -66,7 +66,7 @@ class ReaperJobs:
 
     def _check_not_stopped(self) -> None:
         if self._stopped:
-            raise PathLockError("this PathLockManager is closed")
+            raise ManagerClosed("schedule the reaper")
 
     def _add(self, scheduler: BaseScheduler, interval: float, batch_size: int, job_id: str) -> Job:
         from apscheduler.triggers.interval import IntervalTrigger  # noqa: PLC0415

@@ -85,7 +85,7 @@ def lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
         path=row.path,
         mode=mode,
         lease_id=row.lease_id,
-        owner=Owner(row.node_id, row.pid, row.thread),
+        owner=Owner(row.node_id, row.pid, row.thread, row.owner_key),
         reason=row.reason,
         fencing_token=row.fencing_token,
         created_at=as_utc(row.created_at),
@@ -103,7 +103,7 @@ def waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
         ticket=row.ticket,
         paths=paths,
         lease_id=row.lease_id,
-        owner=Owner(row.node_id, row.pid, row.thread),
+        owner=Owner(row.node_id, row.pid, row.thread, row.owner_key),
         reason=row.reason,
         created_at=as_utc(row.created_at),
         expires_at=as_utc(row.expires_at),
@@ -121,6 +121,7 @@ def grant_parameters(request: GrantRequest) -> dict[str, Any]:
         o_node=request.owner.node_id,
         o_pid=request.owner.pid,
         o_thread=request.owner.thread,
+        o_key=request.owner.key,
         why=request.reason,
         ttl_us=round(request.ttl * 1_000_000),
     )
@@ -137,6 +138,7 @@ def waiter_parameters(request: GrantRequest) -> dict[str, Any]:
         "o_node": request.owner.node_id,
         "o_pid": request.owner.pid,
         "o_thread": request.owner.thread,
+        "o_key": request.owner.key,
         "why": request.reason,
         "w_ttl_us": round(WAITER_TTL * 1_000_000),
     }

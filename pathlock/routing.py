@@ -70,6 +70,11 @@ class Router:
         self.affinity = affinity
         self._lock = threading.Lock()
 
+    def after_fork(self) -> None:
+        """In a forked child: a lock another thread of the parent held at the
+        fork would stay held for ever."""
+        self._lock = threading.Lock()
+
     def order(self, customer_id: int | None) -> list[Node]:
         """Every node, best first, for an operation on ``customer_id`` (``None``:
         an operation on all customers, such as a listing or the reaper)."""

@@ -1,7 +1,10 @@
 """Run a command while holding a lease, like flock(1): ``pathlock lock ... -- CMD``.
 
-The lease is held (and renewed by the manager's heartbeat) exactly while the
-command runs and released whatever happens. Its exit status is the command's,
+The lease is held (and renewed by the manager's heartbeat) while the command
+runs, and released whatever happens, but only once the command exited and no
+process it started is left (:mod:`pathlock.keeper` runs the command in a
+process group of its own and stops what it leaves behind, also if pathlock is
+killed). Its exit status is the command's,
 or one of the codes below, chosen to stay clear of the conventions around it:
 
 - :data:`EXIT_TIMEOUT` (124), :data:`EXIT_FAILURE` (125),
@@ -20,18 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
 from pathlock.customer import CustomerLocks
-from pathlock.errors import LeaseLost, LockTimeout, PathLockError
+from pathlock.errors import LeaseLost, LockTimeout
+from pathlock.keeper import Keeper, KeeperDied
 from pathlock.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ LEASE_ID_VAR = "PATHLOCK_LEASE_ID"
 FENCING_TOKEN_VAR = "PATHLOCK_FENCING_TOKEN"  # noqa: S105 - a variable name, not a secret
 
 # The signals that mean "stop": caught while waiting (nothing is held yet, so
-# pathlock just stops) and forwarded to the command while it runs (so it can
-# clean up before the lease is released).
+# pathlock just stops) and forwarded to the command's process group while it
+# runs (so it can clean up before the lease is released).
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 
 # How often the supervisor looks at the command, the lease and the signals.
@@ -117,7 +118,8 @@ class _Signals:
 
 
 def run_locked(locks: CustomerLocks, request: LockRequest) -> int:
-    """Lock, run the command, release; return pathlock's exit status."""
+    """Lock, run the command, release once none of its processes is left;
+    return pathlock's exit status."""
     signals = _Signals()
     with signals.caught():
         try:
@@ -153,6 +155,9 @@ def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> L
         ),
         locks.customer_id,
     )
+    # A signal that strikes after the grant committed but before the lease
+    # was handed back is no concern here: the manager deletes such a grant by
+    # its lease id before Interrupted reaches us.
     signals.waiting = True
     try:
         lease = locks.lock_paths(
@@ -162,14 +167,6 @@ def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> L
             reason=request.reason,
             ttl=request.ttl,
         )
-    except Interrupted:
-        # The signal may have struck after the grant committed but before the
-        # lease was handed back: delete whatever this owner holds.
-        try:
-            locks.release_locks()
-        except PathLockError as error:
-            log.warning("could not undo a grant the signal may have cut short: %s", error)
-        raise
     finally:
         signals.waiting = False
     log.info(
@@ -182,7 +179,8 @@ def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> L
 
 
 def _run(lease: Lease, request: LockRequest, signals: _Signals) -> int:
-    """Start the command unless told to stop already, and supervise it."""
+    """Start the command unless told to stop already, and supervise it; return
+    only once no process of the command is left."""
     if signals.received:
         return EXIT_SIGNAL_BASE + signals.received[-1]
     try:
@@ -194,61 +192,129 @@ def _run(lease: Lease, request: LockRequest, signals: _Signals) -> int:
         LEASE_ID_VAR: lease.lease_id,
         FENCING_TOKEN_VAR: str(lease.fencing_token),
     }
+    with _terminal() as (terminal, restore_ttou):
+        keeper = Keeper(
+            request.command,
+            environment=environment,
+            grace=request.kill_grace,
+            terminal=terminal,
+            restore_ttou=restore_ttou,
+        )
+        try:
+            return _started(keeper, lease, request, signals)
+        finally:
+            # Whatever went wrong here, the lease is released only after this:
+            # the keeper stops what is left of the command and waits for it.
+            keeper.close()
+
+
+def _started(keeper: Keeper, lease: Lease, request: LockRequest, signals: _Signals) -> int:
+    pid = 0
     try:
-        child = subprocess.Popen(request.command, env=environment)  # noqa: S603 - the user's command, no shell
+        pid = keeper.started()
+        log.info("started %s (pid %d, in a process group of its own)", request.command[0], pid)
+        return _exit_status(_supervise(keeper, pid, lease, request, signals))
     except FileNotFoundError as error:
         log.error("cannot run %s: %s", request.command[0], error.strerror)  # noqa: TRY400
         return EXIT_NOT_FOUND
     except OSError as error:
         log.error("cannot run %s: %s", request.command[0], error.strerror or error)  # noqa: TRY400
         return EXIT_NOT_EXECUTABLE
-    log.info("started %s (pid %d)", request.command[0], child.pid)
-    return _exit_status(_supervise(child, lease, request, signals))
+    except KeeperDied as error:
+        log.error("%s; stopping the command's process group with SIGKILL", error)  # noqa: TRY400
+        if pid:
+            _kill_group(pid)
+        return EXIT_FAILURE
 
 
 def _supervise(
-    child: subprocess.Popen[bytes], lease: Lease, request: LockRequest, signals: _Signals
+    keeper: Keeper, pid: int, lease: Lease, request: LockRequest, signals: _Signals
 ) -> int:
-    """Wait for the command; forward stop signals to it, and stop it if the
-    lease is lost (SIGTERM, then SIGKILL after the grace period)."""
+    """Wait until the command exited and nothing it started is left; forward
+    stop signals to its process group, and stop everything of it if the lease
+    is lost (SIGTERM, then SIGKILL after the grace period). The command's
+    status, as ``Popen.returncode``."""
     forwarded = 0
-    kill_at: float | None = None
+    stopping = False
     while True:
-        try:
-            return child.wait(_POLL)
-        except subprocess.TimeoutExpired:
-            pass
+        report = keeper.report(_POLL)
+        if report is not None:
+            kind, value = report
+            if kind == "gone":
+                return value
+            if kind == "leftovers" and not stopping:
+                log.warning(
+                    "%s exited but left processes running; stopping them: "
+                    "SIGTERM now, SIGKILL in %g s",
+                    request.command[0],
+                    request.kill_grace,
+                )
+                stopping = True
         for signum in signals.received[forwarded:]:
             forwarded += 1
-            if not _terminal_sent(signum):
-                child.send_signal(signum)
-        if kill_at is None and lease.lost:
+            keeper.send(f"signal {signum}")
+        if not stopping and lease.lost:
             log.error(
-                "%s; stopping %s (pid %d): SIGTERM now, SIGKILL in %g s",
+                "%s; stopping %s (pid %d) and every process it started: "
+                "SIGTERM now, SIGKILL in %g s",
                 _lost_message(lease),
                 request.command[0],
-                child.pid,
+                pid,
                 request.kill_grace,
             )
             signals.lost_reported = True
-            child.terminate()
-            kill_at = time.monotonic() + request.kill_grace
-        elif kill_at is not None and time.monotonic() >= kill_at:
-            child.kill()
-            kill_at = math.inf
+            keeper.send("stop")
+            stopping = True
 
 
-def _terminal_sent(signum: int) -> bool:
-    """Whether ``signum`` most likely came from the terminal (Ctrl-C): the
-    terminal signals its whole foreground process group, so the command, which
-    shares pathlock's group, has it already, and a second SIGINT would strike
-    its clean-up. ``kill -INT`` from elsewhere is forwarded as usual."""
-    if signum != signal.SIGINT:
-        return False
+@contextlib.contextmanager
+def _terminal() -> Iterator[tuple[int | None, bool]]:
+    """The terminal to hand to the command, as a shell hands it to a foreground
+    job: pathlock's controlling terminal, if pathlock's process group has its
+    foreground, whatever stdin is (the command may open ``/dev/tty``, as ssh
+    and sudo do to ask for a password). Yields a descriptor of it (or None)
+    and whether the command must get SIGTTOU back to its default. Gives the
+    foreground back to pathlock's group afterwards.
+
+    The command runs in a process group of its own, so without the foreground
+    it would no longer get the terminal's Ctrl-C, and reading the terminal
+    would stop it (SIGTTIN). pathlock ignores SIGTTOU meanwhile: it may still
+    write to the terminal (with ``stty tostop``) and must take it back."""
+    terminal = _foreground_terminal()
+    if terminal is None:
+        yield None, False
+        return
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError):  # no terminal, or stdin closed
-        return False
+        yield terminal, previous is not signal.SIG_IGN
+    finally:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(terminal, os.getpgrp())
+        signal.signal(signal.SIGTTOU, previous)
+        os.close(terminal)
+
+
+def _foreground_terminal() -> int | None:
+    """A descriptor of pathlock's controlling terminal if pathlock's process
+    group has its foreground; None otherwise (no terminal: a service, cron)."""
+    try:
+        terminal = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        if os.tcgetpgrp(terminal) == os.getpgrp():
+            return terminal
+    os.close(terminal)
+    return None
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL to a process group, and wait until it is empty: the last resort
+    when the keeper itself was killed (its orphans then go to init)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        while True:
+            os.killpg(pgid, signal.SIGKILL)
+            time.sleep(_POLL)
 
 
 def _exit_status(returncode: int) -> int:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import FetchedValue
 
-REVISION = "0003"
+REVISION = "0004"
 """The Alembic revision these tables correspond to (a test checks it is the
 newest one shipped): lets a SQLite database be checked without loading Alembic."""
 VERSION_TABLE = "pathlock_alembic_version"
@@ -102,11 +102,20 @@ LEASE_ID_LENGTH = 32
 REASON_LENGTH = 1000
 NODE_ID_LENGTH = 255
 THREAD_LENGTH = 64
+# A manager's identity (16 hex digits), a dot and a holder: "t12", "a7" or
+# "n" + 24 hex digits of a caller's owner name (see pathlock.owners).
+OWNER_KEY_LENGTH = 64
 
 # BIGINT keys everywhere, but SQLite only auto-increments INTEGER PRIMARY KEY.
 _BigId = BigInteger().with_variant(Integer(), "sqlite")
 # Microsecond precision: leases of a few milliseconds must expire in order.
 _Timestamp = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+def _owner_key() -> Column[str]:
+    # The owner's identity (pathlock.owners); '' on rows written before it.
+    # Last, where revision 0004 added it.
+    return Column("owner_key", String(OWNER_KEY_LENGTH), nullable=False, server_default="")
 
 
 def _owner_columns() -> list[Column[object]]:
@@ -142,6 +151,7 @@ path_locks = Table(
     Column("fencing_token", BigInteger, nullable=False),
     Column("created_at", _Timestamp, nullable=False),
     Column("expires_at", _Timestamp, nullable=False),
+    _owner_key(),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
     # The conflict query: one customer, exact paths (self and ancestors) and
     # ranges of descendants (LIKE 'prefix/%').
@@ -154,7 +164,8 @@ path_locks = Table(
     ),
     Index(None, "lease_id"),  # release and renewal of one lease
     Index(None, "expires_at"),  # the reaper's scan
-    Index(None, "node_id", "pid", "thread"),  # node clean-up, release_locks()
+    Index(None, "node_id", "pid", "thread"),  # node clean-up
+    Index(None, "customer_id", "owner_key"),  # release_locks(), the owner's own locks
     **_MYSQL_TABLE,
 )
 
@@ -173,6 +184,7 @@ path_lock_waiters = Table(
     # Short, refreshed while the waiter is alive: a dead waiter stops blocking
     # others once it lapses.
     Column("expires_at", _Timestamp, nullable=False),
+    _owner_key(),
     Index(None, "customer_id", "ticket"),
     Index(None, "lease_id"),
     Index(None, "expires_at"),

@@ -14,36 +14,47 @@ each statement is written once.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     ColumnElement,
+    CompoundSelect,
     DateTime,
     Delete,
     Insert,
     Integer,
     Select,
     String,
+    Subquery,
     Table,
     and_,
     bindparam,
+    column,
     delete,
     exists,
+    func,
     insert,
+    literal_column,
     or_,
     select,
+    text,
+    union,
     union_all,
     update,
 )
+from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import UserDefinedType
 
-from pathlock.paths import LIKE_ESCAPE, ancestors, descendants_pattern
+from pathlock.paths import descendants_range, prefix_lengths
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
 
@@ -59,6 +70,7 @@ LOCK_COLUMNS = (
     path_locks.c.node_id,
     path_locks.c.pid,
     path_locks.c.thread,
+    path_locks.c.owner_key,
     path_locks.c.reason,
     path_locks.c.fencing_token,
     path_locks.c.created_at,
@@ -136,56 +148,211 @@ def now_plus(microseconds: ColumnElement[int]) -> ColumnElement[datetime]:
     return _NowPlus(microseconds)
 
 
-def overlapping(group: str, count: int) -> ColumnElement[bool]:
-    """Rows on any of ``count`` paths of one mode, their ancestors (the
-    expanding list ``{group}_exact``) or their descendants (``{group}_like_N``)."""
-    clauses: list[ColumnElement[bool]] = [
-        path_locks.c.path.in_(bindparam(f"{group}_exact", expanding=True))
-    ]
-    clauses.extend(
-        path_locks.c.path.like(bindparam(f"{group}_like_{n}"), escape=LIKE_ESCAPE)
-        for n in range(count)
+# SQLite refuses a compound SELECT of more than 500 terms (its default
+# SQLITE_MAX_COMPOUND_SELECT) and an expression nested more than 1000 deep (a
+# flat chain of n ORs is n deep): longer lists nest in blocks of this many.
+_BLOCK = 256
+
+
+class _Or(FunctionElement[bool]):
+    """``(a) OR (b) OR ...``, each operand in parentheses of its own:
+    SQLAlchemy merges nested ``or_()`` into one flat chain."""
+
+    type = Boolean()
+    inherit_cache = True
+
+
+@compiles(_Or)
+def _or(element: _Or, compiler: SQLCompiler, **kw: Any) -> str:
+    operands = (compiler.process(clause, **kw) for clause in element.clauses)
+    return "(" + " OR ".join(f"({operand})" for operand in operands) + ")"
+
+
+def _any(clauses: Sequence[ColumnElement[bool]]) -> ColumnElement[bool]:
+    """``OR`` of ``clauses``, nested in blocks: as deep as :data:`_BLOCK`
+    plus the number of blocks, not as deep as the number of clauses."""
+    if len(clauses) <= _BLOCK:
+        return or_(*clauses)
+    return _Or(*(_any(clauses[n : n + _BLOCK]) for n in range(0, len(clauses), _BLOCK)))
+
+
+def _table(rows: Sequence[Select[*tuple[Any, ...]]], name: str) -> Subquery:
+    """The rows (one SELECT each, same columns) as one derived table, nested
+    in blocks of :data:`_BLOCK` SELECTs."""
+    while len(rows) > _BLOCK:
+        blocks = [union_all(*rows[n : n + _BLOCK]).subquery() for n in range(0, len(rows), _BLOCK)]
+        rows = [select(*block.c) for block in blocks]
+    return (union_all(*rows) if len(rows) > 1 else rows[0]).subquery(name)
+
+
+def _requested(count: int, name: str) -> Subquery:
+    """The requested paths (``:rq_path_N``, ``:rq_mode_N``) with their
+    position ``k``."""
+    return _table(
+        [
+            select(
+                bindparam(f"rq_path_{n}", type_=String).label("path"),
+                bindparam(f"rq_mode_{n}", type_=String).label("mode"),
+                literal_column(str(n), Integer).label("k"),
+            )
+            for n in range(count)
+        ],
+        name,
     )
-    return or_(*clauses)
 
 
-def conflict_condition(exclusive: int, shared: int) -> ColumnElement[bool]:
-    """Rows that conflict with a request of ``exclusive`` + ``shared`` paths:
-    any mode overlapping its exclusive paths, exclusive rows overlapping its
-    shared ones. Live rows of the customer only."""
+class _IntegerRows(UserDefinedType[list[tuple[int, int]]]):
+    """A list of ``(k, n)`` pairs of integers, written into the statement at
+    execution as a derived table of numbers (``SELECT 0 AS k, 1 AS n UNION
+    ALL SELECT 0, 3 ...``): a compact table whose size does not change the
+    compiled statement. Only integers are ever written (``%d``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:  # pragma: no cover - never a column
+        return "INTEGER"
+
+    def literal_processor(self, _dialect: Dialect) -> Callable[[Any], str]:
+        return _integer_rows
+
+
+def _integer_rows(rows: Sequence[tuple[int, int]]) -> str:
+    # SQLAlchemy compiles a statement of thousands of SELECTs in seconds (the
+    # time grows faster than their number); this text costs microseconds a row.
+    numbers = [(operator.index(k), operator.index(n)) for k, n in rows]
+    blocks = [_numbers(numbers[i : i + _BLOCK]) for i in range(0, len(numbers), _BLOCK)]
+    while len(blocks) > 1:
+        blocks = [
+            " UNION ALL ".join(
+                f"SELECT k, n FROM ({block}) AS b{j}"
+                for j, block in enumerate(blocks[i : i + _BLOCK])
+            )
+            for i in range(0, len(blocks), _BLOCK)
+        ]
+    return blocks[0]
+
+
+def _numbers(rows: Sequence[tuple[int, int]]) -> str:
+    (k, n), *rest = rows
+    return " UNION ALL ".join(
+        [f"SELECT {k:d} AS k, {n:d} AS n", *(f"SELECT {k:d}, {n:d}" for k, n in rest)]
+    )
+
+
+def _prefixes() -> Subquery:
+    """The rows ``(k, n)`` of ``:prefixes``: requested path ``k`` meets by
+    equality the path made of its first ``n`` characters. A path of depth d
+    costs d short rows of numbers, where spelling out its ancestors cost the
+    square of d characters."""
+    rows = bindparam("prefixes", type_=_IntegerRows(), literal_execute=True)
+    table = text(":prefixes").bindparams(rows).columns(column("k", Integer), column("n", Integer))
+    return table.subquery("prefixes")
+
+
+_ONE = literal_column("1", Integer)
+
+
+def _alive() -> list[ColumnElement[bool]]:
+    return [path_locks.c.customer_id == bindparam("c_id"), path_locks.c.expires_at > now()]
+
+
+# The index of the conflict check, named for MySQL/MariaDB below.
+PATH_INDEX = next(
+    str(index.name)
+    for index in path_locks.indexes
+    if [column.name for column in index.columns] == ["customer_id", "path"]
+)
+
+
+def equal_conflicts(paths: int, *columns: Any) -> Select[Any]:
+    """Live rows of the customer on a requested path or one of its ancestors,
+    in a mode that conflicts with the request's. One index lookup of
+    ``(customer_id, path)`` per prefix row: each ancestor is cut from the
+    requested path by the database (``SUBSTRING(path, 1, n)``)."""
+    requested = _requested(paths, "requested_paths")
+    prefix = _prefixes()
+    statement = (
+        select(*columns)
+        .select_from(
+            requested.join(prefix, prefix.c.k == requested.c.k).join(
+                path_locks,
+                and_(
+                    path_locks.c.customer_id == bindparam("c_id"),
+                    path_locks.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
+                ),
+            )
+        )
+        .where(
+            path_locks.c.expires_at > now(),
+            or_(requested.c.mode == EXCLUSIVE, path_locks.c.mode == EXCLUSIVE),
+        )
+    )
+    # The lookups are by value computed per row, which MySQL/MariaDB cost
+    # from the index statistics alone. While those are stale (a customer's
+    # rows grew fast after the last ANALYZE), they guessed half the table per
+    # lookup and scanned all of the customer's rows instead (EXPLAIN, 100,000
+    # rows): the index is the plan whatever the statistics say.
+    hint = f"FORCE INDEX ({PATH_INDEX})"
+    return statement.with_hint(path_locks, hint, "mysql").with_hint(path_locks, hint, "mariadb")
+
+
+def _descendants(group: str, count: int) -> ColumnElement[bool]:
+    return _any(
+        [
+            and_(
+                path_locks.c.path >= bindparam(f"{group}_low_{n}"),
+                path_locks.c.path < bindparam(f"{group}_high_{n}"),
+            )
+            for n in range(count)
+        ]
+    )
+
+
+def below_conflicts(exclusive: int, shared: int, *columns: Any) -> Select[Any]:
+    """Live rows of the customer inside a requested path (from
+    ``:x_low_N`` up to ``:x_high_N``, likewise ``s_`` for the shared ones:
+    index ranges), in a conflicting mode."""
     clauses = []
     if exclusive:
-        clauses.append(overlapping("x", exclusive))
+        clauses.append(_descendants("x", exclusive))
     if shared:
-        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, overlapping("s", shared)))
-    return and_(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.expires_at > now(),
-        or_(*clauses),
-    )
+        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, _descendants("s", shared)))
+    return select(*columns).where(*_alive(), or_(*clauses))
 
 
 def conflict_parameters(paths: Sequence[PathMode]) -> dict[str, Any]:
+    """The bind parameters of the conflict queries for ``paths``."""
     parameters: dict[str, Any] = {}
+    prefixes: list[tuple[int, int]] = []
+    for k, (path, mode) in enumerate(paths):
+        parameters[f"rq_path_{k}"] = path
+        parameters[f"rq_mode_{k}"] = mode
+        prefixes.extend((k, n) for n in prefix_lengths(path))
+    parameters["prefixes"] = prefixes
     for group, wanted in (("x", True), ("s", False)):
         chosen = [path for path, mode in paths if (mode == EXCLUSIVE) == wanted]
-        exact = set(chosen)
-        for path in chosen:
-            exact.update(ancestors(path))
-        parameters[f"{group}_exact"] = sorted(exact)
         for n, path in enumerate(chosen):
-            parameters[f"{group}_like_{n}"] = descendants_pattern(path)
+            low, high = descendants_range(path)
+            parameters[f"{group}_low_{n}"] = low
+            parameters[f"{group}_high_{n}"] = high
     return parameters
 
 
 def shape(paths: Sequence[PathMode]) -> tuple[int, int]:
+    """What the statements of a request are built for: how many exclusive and
+    how many shared paths."""
     exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
     return exclusive, len(paths) - exclusive
 
 
 @functools.lru_cache(maxsize=128)
-def blockers_query(exclusive: int, shared: int) -> Select[Any]:
-    return select(*LOCK_COLUMNS).where(conflict_condition(exclusive, shared)).limit(MAX_BLOCKERS)
+def blockers_query(exclusive: int, shared: int) -> CompoundSelect[Any]:
+    """Up to :data:`MAX_BLOCKERS` live rows that conflict with a request of
+    ``exclusive`` + ``shared`` paths, each once."""
+    return union(
+        equal_conflicts(exclusive + shared, *LOCK_COLUMNS),
+        below_conflicts(exclusive, shared, *LOCK_COLUMNS),
+    ).limit(MAX_BLOCKERS)
 
 
 # Stands for "no ticket yet" in the queue condition: every queued ticket is lower.
@@ -206,21 +373,15 @@ def queue_condition() -> ColumnElement[bool]:
 def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
     WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
-    trip. Built once per request shape; the paths are bind parameters.
+    trip. Built once per request shape (:func:`shape`); the paths are bind
+    parameters, and the statement grows linearly with them.
 
     ``queued=True`` also requires that no older request is queued at all: the
     common case (an empty queue) stays one statement, and the store judges a
     non-empty queue request by request (:mod:`pathlock.fairness`) before
     inserting with ``queued=False``."""
-    requested = union_all(
-        *(
-            select(
-                bindparam(f"rq_path_{n}", type_=String).label("path"),
-                bindparam(f"rq_mode_{n}", type_=String).label("mode"),
-            )
-            for n in range(exclusive + shared)
-        )
-    ).subquery("requested")
+    paths = exclusive + shared
+    requested = _requested(paths, "requested")
     values = (
         select(
             bindparam("c_id", type_=BigInteger),
@@ -230,6 +391,7 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
             bindparam("o_node", type_=String),
             bindparam("o_pid", type_=Integer),
             bindparam("o_thread", type_=String),
+            bindparam("o_key", type_=String),
             bindparam("why", type_=String),
             # The fencing token: the sentinel's version as this transaction's own
             # write left it, so the statement needs no value from the client and
@@ -243,7 +405,10 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
         .select_from(
             requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
         )
-        .where(~exists().where(conflict_condition(exclusive, shared)))
+        .where(
+            ~equal_conflicts(paths, path_locks.c.id).exists(),
+            ~below_conflicts(exclusive, shared, path_locks.c.id).exists(),
+        )
     )
     if queued:
         values = values.where(~exists().where(queue_condition()))
@@ -255,6 +420,7 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
         "node_id",
         "pid",
         "thread",
+        "owner_key",
         "reason",
         "fencing_token",
         "created_at",
@@ -303,11 +469,11 @@ RELEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
     path_locks.c.lease_id == bindparam("l_id"),
 )
+# By the owner's key only: node, pid and thread repeat across containers and
+# thread pools (see pathlock.owners).
 RELEASE_OWNER = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.node_id == bindparam("o_node"),
-    path_locks.c.pid == bindparam("o_pid"),
-    path_locks.c.thread == bindparam("o_thread"),
+    path_locks.c.owner_key == bindparam("o_key"),
 )
 
 # Renewal: the sentinels first (in key order, as one statement), so no grant of
@@ -318,6 +484,18 @@ LOCK_SENTINELS = (
     update(customer_locks)
     .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
     .values(version=customer_locks.c.version + 1)
+)
+# The heartbeat's first statement on servers that can skip locked rows: it
+# locks the sentinels that are free and passes over those another transaction
+# holds (a grant in progress, or a client frozen in the middle of one), so one
+# customer's stall never holds up the renewal of the others. LOCK_SENTINELS
+# then writes the ones it got (a write, not only a lock: on a cluster the
+# renewal must conflict with grants at certification).
+CLAIM_SENTINELS = (
+    select(customer_locks.c.customer_id)
+    .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
+    .order_by(customer_locks.c.customer_id)
+    .with_for_update(skip_locked=True)
 )
 # Never resurrects: a row whose expiry already passed stays expired.
 RENEW = (
@@ -337,6 +515,14 @@ HELD = (
     .distinct()
 )
 
+# How many of a lease's rows are alive by the database's clock: a holder about
+# to do something irreversible asks (Lease.ensure_held(verify=True)).
+LEASE_ALIVE = select(func.count()).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("l_id"),
+    path_locks.c.expires_at > now(),
+)
+
 # The queue of blocked requests (see pathlock.fairness for who waits for whom).
 ENQUEUE = insert(path_lock_waiters).values(
     customer_id=bindparam("c_id"),
@@ -345,6 +531,7 @@ ENQUEUE = insert(path_lock_waiters).values(
     node_id=bindparam("o_node"),
     pid=bindparam("o_pid"),
     thread=bindparam("o_thread"),
+    owner_key=bindparam("o_key"),
     reason=bindparam("why"),
     created_at=now(),
     expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)),
@@ -362,6 +549,12 @@ DEQUEUE = delete(path_lock_waiters).where(
     path_lock_waiters.c.ticket == bindparam("w_ticket"),
     path_lock_waiters.c.lease_id == bindparam("l_id"),
 )
+# A request whose outcome is in doubt (interrupted) leaves the queue by its
+# lease id: the ticket may never have reached the client.
+FORGET_REQUEST = delete(path_lock_waiters).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.lease_id == bindparam("l_id"),
+)
 # Keeps a live waiter's place; never revives a row that lapsed (others may have
 # gone ahead of it meanwhile: it queues again with a new ticket).
 REFRESH_WAITER = (
@@ -377,9 +570,7 @@ REFRESH_WAITER = (
 # for them, and a cycle through another owner's queued request is a deadlock.
 OWNER_LOCKS = select(path_locks.c.path, path_locks.c.mode).where(
     path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.node_id == bindparam("o_node"),
-    path_locks.c.pid == bindparam("o_pid"),
-    path_locks.c.thread == bindparam("o_thread"),
+    path_locks.c.owner_key == bindparam("o_key"),
     path_locks.c.expires_at > now(),
 )
 
@@ -437,6 +628,7 @@ WAITER_COLUMNS = (
     path_lock_waiters.c.node_id,
     path_lock_waiters.c.pid,
     path_lock_waiters.c.thread,
+    path_lock_waiters.c.owner_key,
     path_lock_waiters.c.reason,
     path_lock_waiters.c.created_at,
     path_lock_waiters.c.expires_at,

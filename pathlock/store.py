@@ -22,7 +22,7 @@ they share.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +45,15 @@ from pathlock.records import (
 )
 from pathlock.statements import (
     BUMP,
+    CLAIM_SENTINELS,
     DEQUEUE,
     DROP_EXPIRED_LEASE,
     ENQUEUE,
     ENQUEUED,
+    FORGET_REQUEST,
     HELD,
     LANDED,
+    LEASE_ALIVE,
     LIVE_WAITERS,
     LOCK_SENTINELS,
     MAX_BLOCKERS,
@@ -123,21 +126,24 @@ def _deadlock(
     queued: list[WaiterInfo],
     owner_locks: _OwnerLocks,
 ) -> Deadlocked | None:
-    owner = request.owner
+    owner = request.owner.identity
     # Fewer rows than the limit means every blocker was seen. Rows of a lease
     # whose release failed expire on their own: waiting for them ends.
     if len(blockers) < MAX_BLOCKERS and all(
-        info.owner == owner and info.lease_id not in request.abandoned for info in blockers
+        info.owner.identity == owner and info.lease_id not in request.abandoned for info in blockers
     ):
         return Deadlocked(None, blockers)
-    holders = {info.owner for info in blockers}
-    candidates = [info for info in queued if info.owner in holders and info.owner != owner]
+    holders = {info.owner.identity for info in blockers}
+    candidates = [
+        info for info in queued if info.owner.identity in holders and info.owner.identity != owner
+    ]
     if not candidates:
         return None
-    party = deadlock_party(owner, blockers, candidates, owner_locks.get())
+    party = deadlock_party(request.owner, blockers, candidates, owner_locks.get())
     if party is None:
         return None
-    return Deadlocked(party, tuple(info for info in blockers if info.owner == party.owner))
+    party_owner = party.owner.identity
+    return Deadlocked(party, tuple(info for info in blockers if info.owner.identity == party_owner))
 
 
 class Store(Upkeep):
@@ -145,13 +151,29 @@ class Store(Upkeep):
 
     Every public method is one transaction (or a bounded series of retries of
     one), retried on transient errors with a WARNING each time, and raises
-    :class:`BackendError` for anything else.
+    :class:`BackendError` for anything else. Each ends by its ``deadline``
+    (monotonic time; default: ``CALL_TIME`` from now), or raises
+    :class:`DatabaseTimeout` (see ``Transactions._run``).
     """
 
     # -- operations -----------------------------------------------------------
 
+    def prepare(self, request: GrantRequest) -> None:
+        """Compile the statements of ``request``'s shape that travel in one
+        batch, before its time starts to run (see :func:`batch.prepare`)."""
+        dialect = self.router.nodes[0].engine.dialect
+        if dialect.driver == "pymysql":
+            batch.prepare(BUMP, dialect)
+            batch.prepare(grant_statement(*shape(request.paths), queued=True), dialect)
+
     def try_grant(
-        self, request: GrantRequest, ticket: int | None, *, queue: bool, patience: float
+        self,
+        request: GrantRequest,
+        ticket: int | None,
+        *,
+        queue: bool,
+        patience: float,
+        deadline: float | None = None,
     ) -> Granted | Blocked | Deadlocked:
         """One attempt to grant every path of ``request`` at once.
 
@@ -160,7 +182,10 @@ class Store(Upkeep):
         ticket is queued in the same transaction as its denial, so every later
         grant of the customer sees it. A grant removes the request's queue row.
         An attempt that loses a race (1213) is tried again until the monotonic
-        time ``patience``, then :class:`ContentionTimeout`.
+        time ``patience``, then :class:`ContentionTimeout`. Everything ends by
+        the monotonic time ``deadline`` (see ``Transactions._run``), then
+        :class:`DatabaseTimeout`; a grant whose COMMIT got no reply by then is
+        looked for by its lease id within the grace that follows.
         """
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
@@ -190,7 +215,11 @@ class Store(Upkeep):
             return self._grant(connection, request, token, known, queue)
 
         return self._run(
-            "acquiring locks", attempt, customer_id=request.customer_id, patience=patience
+            "acquiring locks",
+            attempt,
+            customer_id=request.customer_id,
+            deadline=deadline,
+            patience=patience,
         )
 
     def _grant_batched(
@@ -306,7 +335,9 @@ class Store(Upkeep):
         connection.commit()
         return Granted(token)
 
-    def could_grant(self, request: GrantRequest, ticket: int | None) -> Outlook:
+    def could_grant(
+        self, request: GrantRequest, ticket: int | None, *, deadline: float | None = None
+    ) -> Outlook:
         """Whether an attempt would grant ``request`` now, judged by plain
         reads without the sentinel: a waiter asks this when the version moved
         (or at its recheck) and makes a real attempt only if so. Many waiters
@@ -321,10 +352,16 @@ class Store(Upkeep):
             )
 
         return self._run(
-            "watching the queue", attempt, read_only=True, customer_id=request.customer_id
+            "watching the queue",
+            attempt,
+            read_only=True,
+            customer_id=request.customer_id,
+            deadline=deadline,
         )
 
-    def leave_queue(self, customer_id: int, lease_id: str, ticket: int) -> None:
+    def leave_queue(
+        self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
+    ) -> None:
         """Remove a request that gives up (timeout, error) from the queue. The
         sentinel write moves the version, so the requests queued behind it
         try again at once instead of at their next recheck."""
@@ -335,9 +372,11 @@ class Store(Upkeep):
             connection.execute(DEQUEUE, parameters)
             connection.commit()
 
-        self._run("leaving the queue", attempt, customer_id=customer_id)
+        self._run("leaving the queue", attempt, customer_id=customer_id, deadline=deadline)
 
-    def refresh_waiter(self, customer_id: int, lease_id: str, ticket: int) -> bool:
+    def refresh_waiter(
+        self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
+    ) -> bool:
         """Keep a queued request alive for another :data:`WAITER_TTL`; ``False``
         if its row lapsed or was deleted (it must queue again)."""
         parameters = {
@@ -351,9 +390,11 @@ class Store(Upkeep):
             connection.commit()
             return bool(refreshed)
 
-        return self._run("keeping a queued request alive", attempt, customer_id=customer_id)
+        return self._run(
+            "keeping a queued request alive", attempt, customer_id=customer_id, deadline=deadline
+        )
 
-    def version(self, customer_id: int) -> int:
+    def version(self, customer_id: int, *, deadline: float | None = None) -> int:
         """The customer's sentinel version, by a plain read: it moves on every
         grant, release and give-up, so a waiter that sees the same
         value as at its last attempt has nothing to try again for."""
@@ -363,9 +404,31 @@ class Store(Upkeep):
             connection.rollback()
             return 0 if value is None else int(value)
 
-        return self._run("watching the queue", attempt, read_only=True, customer_id=customer_id)
+        return self._run(
+            "watching the queue",
+            attempt,
+            read_only=True,
+            customer_id=customer_id,
+            deadline=deadline,
+        )
 
-    def release(self, customer_id: int, lease_id: str) -> int | None:
+    def lease_alive(self, customer_id: int, lease_id: str, rows: int) -> bool:
+        """Whether all ``rows`` rows of the lease exist and have not expired,
+        by the database's clock (a plain read)."""
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
+        def attempt(connection: Connection, _number: int) -> bool:
+            alive = connection.execute(LEASE_ALIVE, parameters).scalar_one()
+            connection.rollback()
+            return int(alive) == rows
+
+        return self._run(
+            "asking whether a lease is held", attempt, read_only=True, customer_id=customer_id
+        )
+
+    def release(
+        self, customer_id: int, lease_id: str, *, deadline: float | None = None
+    ) -> int | None:
         """Delete the rows of one lease; return how many there were, or
         ``None`` when a retry found none: then an earlier attempt may have
         deleted them (its COMMIT landed, its reply was lost)."""
@@ -375,7 +438,22 @@ class Store(Upkeep):
             deleted = self._release_once(connection, customer_id, parameters)
             return None if deleted == 0 and number > 1 else deleted
 
-        return self._run("releasing a lease", attempt, customer_id=customer_id)
+        return self._run("releasing a lease", attempt, customer_id=customer_id, deadline=deadline)
+
+    def forget(self, customer_id: int, lease_id: str) -> int:
+        """Delete every row of ``lease_id``, locks and queue row alike, in one
+        transaction: what an interrupted request or release may have left.
+        Returns the number of lock rows deleted."""
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
+        def attempt(connection: Connection, _number: int) -> int:
+            self._bump(connection, customer_id)
+            deleted: int = connection.execute(RELEASE, parameters).rowcount
+            connection.execute(FORGET_REQUEST, parameters)
+            connection.commit()
+            return deleted
+
+        return self._run("releasing a lease left in doubt", attempt, customer_id=customer_id)
 
     def _release_once(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]
@@ -398,12 +476,7 @@ class Store(Upkeep):
 
         def attempt(connection: Connection, _number: int) -> int:
             self._bump(connection, customer_id)
-            parameters = {
-                "c_id": customer_id,
-                "o_node": owner.node_id,
-                "o_pid": owner.pid,
-                "o_thread": owner.thread,
-            }
+            parameters = {"c_id": customer_id, "o_key": owner.key}
             deleted = connection.execute(RELEASE_OWNER, parameters).rowcount
             connection.commit()
             return deleted
@@ -411,27 +484,63 @@ class Store(Upkeep):
         return self._run("releasing an owner's locks", attempt, customer_id=customer_id)
 
     def renew(
-        self, customer_ids: Iterable[int], leases: Sequence[tuple[str, int]], ttl: float
-    ) -> set[str]:
-        """Extend ``leases`` ((lease id, row count) pairs) to expire ``ttl``
-        seconds from now, database time; return the ids still held. A lease
-        whose rows expired or were deleted is not renewed and not returned."""
-        lease_ids = [lease_id for lease_id, _ in leases]
-        expected = sum(rows for _, rows in leases)
-        customers = sorted(set(customer_ids))
+        self, leases: Sequence[tuple[int, str, int]], ttl: float, *, wait: bool = True
+    ) -> tuple[set[str], set[int]]:
+        """Extend ``leases`` ((customer id, lease id, row count) triples) to
+        expire ``ttl`` seconds from now, database time. Returns the ids still
+        held, and the customers skipped. A lease whose rows expired or were
+        deleted is not renewed and not returned.
 
-        def attempt(connection: Connection, _number: int) -> set[str]:
-            connection.execute(LOCK_SENTINELS, {"c_ids": customers})
-            renewed = connection.execute(
-                RENEW, {"l_ids": lease_ids, "ttl_us": round(ttl * 1_000_000)}
-            ).rowcount
-            if renewed == expected:
-                held = set(lease_ids)
-            else:  # some lease is gone: find out which
-                held = set(connection.execute(HELD, {"l_ids": lease_ids}).scalars())
+        With ``wait=False``, on servers that can skip locked rows (MariaDB
+        10.6+, MySQL 8), a customer whose sentinel another transaction holds
+        is skipped: its leases are neither renewed nor returned, and the
+        others are renewed without waiting for it. Otherwise the renewal
+        waits for every sentinel, and nothing is skipped."""
+        customers = sorted({customer_id for customer_id, _, _ in leases})
+
+        def attempt(connection: Connection, _number: int) -> tuple[set[str], set[int]]:
+            claimed = customers
+            if not wait and _skips_locked_rows(connection):
+                claimed = list(connection.execute(CLAIM_SENTINELS, {"c_ids": customers}).scalars())
+                if not claimed:
+                    connection.rollback()
+                    return set(), set(customers)
+            connection.execute(LOCK_SENTINELS, {"c_ids": claimed})
+            held = self._renew_rows(connection, leases, set(claimed), ttl)
             connection.commit()
-            return held
+            return held, set(customers).difference(claimed)
 
         # The manager groups leases by home node (routing.py): the first
         # customer's route is every customer's.
         return self._run("renewing leases", attempt, customer_id=customers[0])
+
+    @staticmethod
+    def _renew_rows(
+        connection: Connection,
+        leases: Sequence[tuple[int, str, int]],
+        customers: set[int],
+        ttl: float,
+    ) -> set[str]:
+        """Extend the leases of ``customers`` (whose sentinels this
+        transaction holds); return the ids still held."""
+        lease_ids = [lease_id for customer_id, lease_id, _ in leases if customer_id in customers]
+        expected = sum(rows for customer_id, _, rows in leases if customer_id in customers)
+        renewed = connection.execute(
+            RENEW, {"l_ids": lease_ids, "ttl_us": round(ttl * 1_000_000)}
+        ).rowcount
+        if renewed == expected:
+            return set(lease_ids)
+        # Some lease is gone: find out which.
+        return set(connection.execute(HELD, {"l_ids": lease_ids}).scalars())
+
+
+def _skips_locked_rows(connection: Connection) -> bool:
+    """Whether the server knows ``FOR UPDATE SKIP LOCKED``: MariaDB 10.6,
+    MySQL 8.0.1 and later (SQLite has one lock for the whole file)."""
+    dialect = connection.dialect
+    version = dialect.server_version_info or ()
+    if dialect.name not in ("mysql", "mariadb"):
+        return False
+    if getattr(dialect, "is_mariadb", False):
+        return version >= (10, 6)
+    return version >= (8, 0, 1)

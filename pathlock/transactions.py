@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from pathlock.backends import READ_ONLY, check_dialect
-from pathlock.errors import BackendError, ContentionTimeout
+from pathlock import deadlines
+from pathlock.backends import READ_ONLY, bound_busy_wait, check_dialect
+from pathlock.errors import BackendError, ContentionTimeout, DatabaseTimeout
 from pathlock.routing import Node, Router
 from pathlock.statements import BUMP, CREATE_SENTINEL, VERSION
 from pathlock.transient import CONTENTION, error_code, hint, is_node_failure, is_transient
@@ -25,16 +26,64 @@ log = logging.getLogger("pathlock.store")
 T = TypeVar("T")
 
 
-CONTENTION_BUDGET = 10.0
-"""Seconds an operation other than an acquire keeps retrying when it loses
-races (error 1213) before :class:`ContentionTimeout`. An acquire retries them
-until its caller's timeout."""
+CALL_TIME = 10.0
+"""Seconds an operation may take when its caller gives no time of its own
+(listings, releases, the reaper's batches, renewals, a lock request without
+a timeout): connecting, every statement, retries and sleeps. Lost races
+(error 1213) are retried for as long, then :class:`ContentionTimeout`; an
+operation that got no answer in time raises :class:`DatabaseTimeout`."""
+GRACE = 0.5
+"""Seconds past its time that an operation may still spend finding out whether
+a COMMIT that got no reply took effect: one more attempt, which looks for its
+own rows first (see ``Store.try_grant``). Never past a limit set around the
+call (:func:`pathlock.deadlines.limit`)."""
 CONTENTION_DELAY = 0.005
 """The first retry after a lost race sleeps up to this long (full jitter), and
 each further one up to twice as long as the one before, to at most
 :data:`CONTENTION_DELAY_CAP`: short, because on a cluster the winner's
 transaction is already over when the loser hears of it."""
 CONTENTION_DELAY_CAP = 0.1
+
+
+class _Tries:
+    """The time and the failures of one operation's attempts so far."""
+
+    def __init__(self, action: str, deadline: float | None, patience: float | None) -> None:
+        self.action = action
+        self.began = time.monotonic()
+        cap = deadlines.ceiling()
+        self.ends = min(self.began + CALL_TIME if deadline is None else deadline, cap)
+        self.resolve_by = min(self.ends + GRACE, cap)
+        self.patience = self.ends if patience is None else min(patience, self.ends)
+        self.failed: list[Node] = []
+        self.failures = self.contention = 0
+        self.unanswered = False  # the last attempt's COMMIT got no reply
+        self.last: DBAPIError | None = None
+
+    def next_ends(self) -> float:
+        """When the next attempt must be over; raises :class:`DatabaseTimeout`
+        when none may start: the time is up, unless a COMMIT is to be resolved."""
+        now = time.monotonic()
+        if now < self.ends:
+            return self.ends
+        if self.unanswered and now < self.resolve_by:
+            return self.resolve_by
+        raise self.out_of_time() from self.last
+
+    def out_of_time(self) -> DatabaseTimeout:
+        cause: BaseException = self.last or TimeoutError("no time left for a database call")
+        seconds = max(self.ends - self.began, 0.0)
+        return DatabaseTimeout(self.action, cause, f"no answer within {seconds:.3g} s")
+
+    def fit(self, delay: float) -> float:
+        """``delay``, or less to resolve an unanswered COMMIT in time; raises
+        :class:`DatabaseTimeout` if the next attempt could not start in time."""
+        now = time.monotonic()
+        if now + delay < self.ends:
+            return delay
+        if self.unanswered and now < self.resolve_by:
+            return 0.0
+        raise self.out_of_time() from self.last
 
 
 class Transactions:
@@ -66,53 +115,80 @@ class Transactions:
         *,
         read_only: bool = False,
         customer_id: int | None = None,
+        deadline: float | None = None,
         patience: float | None = None,
     ) -> T:
         """Run ``operation(connection, attempt)`` in a transaction on the best
         node for ``customer_id`` (see :mod:`pathlock.routing`) and retry it
-        after transient failures:
+        after transient failures, all by the monotonic time ``deadline``
+        (default: :data:`CALL_TIME` from now; never past a limit set around
+        the call), waits on the network and for locks included:
 
-        - a node failure (lost connection, a node outside its cluster) moves
-          to the next node at once, the first time each node fails;
+        - a node failure (lost connection, no answer in time, a node outside
+          its cluster) moves to the next node at once, the first time each
+          node fails; while another node is left to try, an attempt gets half
+          the time left;
         - other transient errors are retried up to ``max_attempts`` times,
           with exponential backoff, then :class:`BackendError`;
         - lost races (1213) are retried with short jittered sleeps until the
-          monotonic time ``patience`` (default: :data:`CONTENTION_BUDGET` from
-          now), then :class:`ContentionTimeout`.
+          monotonic time ``patience`` (default: the deadline), then
+          :class:`ContentionTimeout`;
+        - past the deadline, :class:`DatabaseTimeout`; except that an attempt
+          whose COMMIT got no reply is followed by one more, for up to
+          :data:`GRACE` seconds, to find out whether it took effect.
 
         ``attempt`` counts from 1 over every try. A ``read_only`` transaction on
         SQLite does not take the write lock (see :mod:`pathlock.backends`)."""
-        if patience is None:
-            patience = time.monotonic() + CONTENTION_BUDGET
-        failed: list[Node] = []
-        failures = contention = 0
+        tries = _Tries(action, deadline, patience)
         attempt = 0
         while True:
+            ends = tries.next_ends()
             attempt += 1
-            node = self.router.pick(customer_id, failed)
+            node = self.router.pick(customer_id, tries.failed)
+            if len(tries.failed) < len(self.router.nodes) - 1:
+                # Another node is left to try: this one gets half the time
+                # left, so that a node that hangs is passed over in time.
+                now = time.monotonic()
+                ends = now + (ends - now) / 2
             try:
-                result = _attempt(node, operation, attempt, read_only=read_only)
+                with deadlines.limit(ends) as limit:
+                    try:
+                        result = _attempt(node, operation, attempt, read_only=read_only)
+                    finally:
+                        tries.unanswered = limit.commit_unanswered
             except DBAPIError as error:
                 if not is_transient(error):
                     raise BackendError(action, error, hint(error)) from error
-                if is_node_failure(error) and node not in failed:
-                    self.router.set_aside(node, error)
-                    failed.append(node)
-                    if len(failed) < len(self.router.nodes):
-                        continue  # the next node, at once
-                if error_code(error) == CONTENTION:
-                    contention += 1
-                    delay = self._contention_delay(action, error, contention, patience)
-                else:
-                    failures += 1
-                    delay = self._failure_delay(action, error, failures)
-                time.sleep(delay)
+                tries.last = error
+                if self._failed_over(tries, node, error):
+                    continue  # the next node, at once
+                time.sleep(self._retry_delay(tries, error))
             except SQLAlchemyError as error:
                 raise BackendError(action, error) from error
             else:
-                if contention > self.max_attempts:
-                    log.warning("%s: done after %d lost races", action, contention)
+                if tries.contention > self.max_attempts:
+                    log.warning("%s: done after %d lost races", action, tries.contention)
                 return result
+
+    def _failed_over(self, tries: _Tries, node: Node, error: DBAPIError) -> bool:
+        """Set ``node`` aside if ``error`` says it failed; whether another node
+        is left to try at once."""
+        if not is_node_failure(error) or node in tries.failed:
+            return False
+        self.router.set_aside(node, error)
+        tries.failed.append(node)
+        return len(tries.failed) < len(self.router.nodes)
+
+    def _retry_delay(self, tries: _Tries, error: DBAPIError) -> float:
+        # Time first: a retry that cannot start in time is not logged as one.
+        tries.fit(0.0)
+        if error_code(error) == CONTENTION:
+            tries.contention += 1
+            delay = self._contention_delay(tries.action, error, tries.contention, tries.patience)
+        else:
+            tries.failures += 1
+            delay = self._failure_delay(tries.action, error, tries.failures)
+        return tries.fit(delay)
 
     def _failure_delay(self, action: str, error: DBAPIError, failures: int) -> float:
         if failures >= self.max_attempts:
@@ -183,14 +259,60 @@ class Transactions:
 def _attempt(
     node: Node, operation: Callable[[Connection, int], T], attempt: int, *, read_only: bool
 ) -> T:
-    with node.engine.connect() as connection:
+    connection = node.engine.connect()
+    # Whether the connection may go back to the pool: only when the operation
+    # ended its transaction itself, or failed with a database error that left
+    # the protocol in step. Anything else (an interrupt such as Ctrl-C or an
+    # exception from a signal handler, possibly in the middle of reading a
+    # reply, of a batch, or of the clean-up below) discards it: a connection
+    # interrupted mid-protocol answers the next query with the previous one's
+    # reply ("Packet sequence number wrong").
+    reusable = False
+    try:
+        bound_busy_wait(connection, deadlines.ceiling())
         if read_only:
             connection.execution_options(**{READ_ONLY: True})
         try:
-            return operation(connection, attempt)
+            result = operation(connection, attempt)
         except DBAPIError:
             _end_transaction(connection)
+            reusable = True
             raise
+        except Exception as error:
+            interrupt = _interrupt_behind(error)
+            if interrupt is not None:
+                raise interrupt from None
+            raise
+        reusable = True
+        return result
+    finally:
+        if not reusable:
+            _discard(connection)
+        connection.close()
+
+
+def _interrupt_behind(error: BaseException) -> BaseException | None:
+    """The interrupt (KeyboardInterrupt, SystemExit, ...) that ``error`` was
+    raised while handling, if any. SQLAlchemy's commit asserts its state in a
+    ``finally`` clause: a Ctrl-C in the middle of a COMMIT surfaces as an
+    AssertionError, and the caller must see the Ctrl-C."""
+    seen: set[int] = set()
+    context = error.__context__
+    while context is not None and id(context) not in seen:
+        if not isinstance(context, Exception):
+            return context
+        seen.add(id(context))
+        context = context.__context__
+    return None
+
+
+def _discard(connection: Connection) -> None:
+    """Close the connection's socket and drop it from the pool; the server
+    rolls back whatever transaction it had open."""
+    try:
+        connection.invalidate()
+    except Exception:  # it is being thrown away anyway
+        log.debug("discarding an interrupted connection failed", exc_info=True)
 
 
 def _end_transaction(connection: Connection) -> None:

@@ -54,23 +54,36 @@ def describe_paths(paths: Sequence[PathMode]) -> str:
 
 
 class Owner(NamedTuple):
-    """Who asked for a lock: node id, process id and thread.
+    """Who asked for a lock: node id, process id and thread, for people, and
+    ``key``, the identity pathlock goes by.
 
-    Used for inspection, ``release_locks()`` and node clean-up, never as the
-    secret that authorises a release (the lease id is). ``thread`` is the
-    operating system's thread id (as shown by ``ps -L`` or ``py-spy``); thread
-    ids are reused once a thread ends, so a new thread can inherit the identity
-    of a finished one.
+    ``key`` is a manager instance's random identity (a new one in a process
+    forked from it) plus the holder within it: the calling thread, the
+    calling asyncio task, or the ``owner=`` name the caller gave. It decides
+    :meth:`CustomerLocks.release_locks` and the own-owner deadlock rule; host
+    names, process ids and thread ids repeat across containers, thread pools
+    and restarts, so they never do. Even the key never authorises a release on
+    its own: the lease id does. ``thread`` is the operating system's thread id
+    (as shown by ``ps -L`` or ``py-spy``) of the thread that asked. Rows
+    written by pathlock before owners had keys have an empty ``key``.
     """
 
     node_id: str
     pid: int
     thread: str
+    key: str = ""
 
     @classmethod
     def current(cls, node_id: str) -> Owner:
-        """The calling thread of this process on ``node_id``."""
+        """The calling thread of this process on ``node_id``, for display
+        only: it has no ``key``, so it is nobody's identity."""
         return cls(node_id, os.getpid(), str(threading.get_native_id()))
+
+    @property
+    def identity(self) -> str:
+        """What makes two owners the same: ``key``, or for rows written
+        before owners had keys, node id, process id and thread."""
+        return self.key or f"{self.node_id}\0{self.pid}\0{self.thread}"
 
     def __str__(self) -> str:
         return f"{self.node_id} pid {self.pid} thread {self.thread}"

@@ -95,6 +95,23 @@ def node_id(value: object) -> str:
     return value
 
 
+MAX_OWNER_LENGTH = 255
+
+
+def owner(value: object) -> str:
+    """A caller-given owner name (``owner=``): 1 to 255 characters, no NUL or
+    lone surrogates. Only its digest is stored, so any text will do."""
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"owner must be a str, got {type(value).__name__}")
+    if not 0 < len(value) <= MAX_OWNER_LENGTH:
+        raise InvalidArgument(
+            f"owner must have 1 to {MAX_OWNER_LENGTH} characters, got {len(value)}"
+        )
+    if "\x00" in value or _SURROGATE.search(value):
+        raise InvalidArgument(f"owner {value!r} contains NUL or a lone surrogate")
+    return value
+
+
 _LEASE_ID = re.compile(f"[0-9a-f]{{{LEASE_ID_LENGTH}}}")
 
 

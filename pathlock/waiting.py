@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from pathlock.errors import InvalidArgument
@@ -159,7 +159,17 @@ class _Schedule:
 
 class LocalWakeups:
     """Lets a release in this process wake this process's waiters of the same
-    customer at once, instead of at their next poll.
+    customer at once, instead of at their next poll: one waiter per place in
+    the queue, not every waiter.
+
+    A waiter tells its :class:`Watch` its queue ticket and the tickets its last
+    attempt found ahead of it (older conflicting requests, which go first).
+    A waiter with one of those still waiting in this process is *behind* it:
+    it cannot be granted before that one is, so a release does not wake it
+    and it skips its quick polls; it is woken when the waiters ahead of it
+    here have left (granted or given up). A release wakes only the waiters
+    that are behind nobody here: with any number of local threads waiting for
+    one path, one of them attempts per release, the next in line.
 
     A waiter registers with :meth:`watch` *before* its attempt, so a release that
     lands between the attempt and the sleep is not missed.
@@ -168,27 +178,38 @@ class LocalWakeups:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
+        self._closed = False
 
     def watch(self, customer_id: int) -> Watch:
         """Start watching ``customer_id``; use as a context manager."""
         return Watch(self, customer_id)
 
     def notify(self, customer_id: int) -> None:
-        """Wake every local waiter of ``customer_id``."""
+        """A release of ``customer_id``: wake its local waiters that are
+        behind no other local waiter."""
         with self._lock:
             entry = self._entries.get(customer_id)
             if entry is not None:
-                entry.generation += 1
-                entry.condition.notify_all()
+                for watch in entry.watches:
+                    if not watch._behind(entry):
+                        watch._signal(released=True)
+
+    def close(self) -> None:
+        """The manager closes: wake every local waiter, now and from now on,
+        so each sees the manager closed before its next attempt."""
+        with self._lock:
+            self._closed = True
+            for entry in self._entries.values():
+                for watch in entry.watches:
+                    watch._signal(released=True)
 
 
 class _Entry:
-    __slots__ = ("condition", "generation", "watchers")
+    __slots__ = ("tickets", "watches")
 
-    def __init__(self, lock: threading.Lock) -> None:
-        self.condition = threading.Condition(lock)
-        self.generation = 0
-        self.watchers = 0
+    def __init__(self) -> None:
+        self.watches: set[Watch] = set()
+        self.tickets: dict[int, Watch] = {}  # the queued ones, by ticket
 
 
 class Watch:
@@ -197,18 +218,21 @@ class Watch:
     def __init__(self, wakeups: LocalWakeups, customer_id: int) -> None:
         self._wakeups = wakeups
         self._customer_id = customer_id
+        self._condition = threading.Condition(wakeups._lock)
         self._entry: _Entry | None = None
-        self._seen = 0
+        self._ticket: int | None = None
+        self._ahead: tuple[int, ...] = ()
+        self._released = False  # a release since the last wait
+        self._changed = False  # a waiter ahead of this one left
 
     def __enter__(self) -> Watch:
         wakeups = self._wakeups
         with wakeups._lock:
             entry = wakeups._entries.get(self._customer_id)
             if entry is None:
-                entry = wakeups._entries[self._customer_id] = _Entry(wakeups._lock)
-            entry.watchers += 1
+                entry = wakeups._entries[self._customer_id] = _Entry()
+            entry.watches.add(self)
             self._entry = entry
-            self._seen = entry.generation
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -217,21 +241,68 @@ class Watch:
             entry = self._entry
             if entry is None:
                 return
-            entry.watchers -= 1
-            if entry.watchers == 0:
+            self._set_ticket(entry, None)
+            entry.watches.discard(self)
+            if not entry.watches:
                 del wakeups._entries[self._customer_id]
             self._entry = None
 
-    def wait(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds; return at once if a release was
-        notified since the previous wait (or since watching began). True when
-        a release was notified."""
+    def queued(self, ticket: int | None, ahead: Iterable[int]) -> None:
+        """The request's ticket (``None``: not queued) and the tickets of the
+        requests its last attempt found ahead of it."""
+        with self._wakeups._lock:
+            entry = self._entry
+            if entry is None:
+                raise RuntimeError("Watch.queued() outside its with block")
+            self._ahead = tuple(sorted(ahead))
+            self._set_ticket(entry, ticket)
+
+    def _set_ticket(self, entry: _Entry, ticket: int | None) -> None:
+        old, self._ticket = self._ticket, ticket
+        if old == ticket:
+            return
+        if ticket is not None:
+            entry.tickets[ticket] = self
+        if old is None:
+            return
+        del entry.tickets[old]
+        # The waiters that were behind this one here may be next now. A
+        # release this one was woken for and did not act on goes to them.
+        for watch in entry.watches:
+            if old in watch._ahead and not watch._behind(entry):
+                watch._signal(released=self._released)
+
+    def behind(self) -> bool:
+        """Whether a request found ahead of this one at its last attempt is
+        still waiting in this process (it goes first)."""
+        with self._wakeups._lock:
+            return self._entry is not None and self._behind(self._entry)
+
+    def _behind(self, entry: _Entry) -> bool:
+        # The oldest tickets first: the one ahead is usually the very first.
+        return any(ticket in entry.tickets for ticket in self._ahead)
+
+    def _signal(self, *, released: bool) -> None:
+        if released:
+            self._released = True
+        else:
+            self._changed = True
+        self._condition.notify()
+
+    def wait(self, timeout: float, idle: float | None = None) -> bool:
+        """Sleep up to ``timeout`` seconds, or up to ``idle`` seconds (default:
+        ``timeout``) while another waiter of this process is ahead of this one.
+        Return at once if a release was notified since the previous wait (or
+        since watching began). True when a release was notified; False when
+        the time passed or a waiter ahead of this one left."""
         entry = self._entry
         if entry is None:
             raise RuntimeError("Watch.wait() outside its with block")
         with self._wakeups._lock:
-            if entry.generation == self._seen:
-                entry.condition.wait(timeout)
-            notified = entry.generation != self._seen
-            self._seen = entry.generation
+            closed = self._wakeups._closed
+            if not (self._released or self._changed or closed):
+                behind = idle is not None and self._behind(entry)
+                self._condition.wait(idle if behind else timeout)
+            notified = self._released or closed
+            self._released = self._changed = False
             return notified

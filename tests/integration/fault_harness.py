@@ -212,7 +212,11 @@ class Kill:
 _DEAD_LOCKS = text(
     "SELECT lease_id, path, mode, fencing_token, "
     "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS remaining_us "
-    "FROM path_locks WHERE customer_id = :c AND node_id = :n"
+    "FROM path_locks WHERE customer_id = :c AND node_id = :n "
+    # An expired row blocks nobody: it is no hold (a grant whose reply the
+    # kill cut off may have expired before the read, and would look like a
+    # hold that began after a later grant, with an older token).
+    "AND expires_at > UTC_TIMESTAMP(6)"
 )
 _DEAD_WAITERS = text(
     "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS remaining_us "

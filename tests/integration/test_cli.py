@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,9 @@ def python(code: str, *args: str | Path) -> list[str]:
 class Running:
     """A pathlock process in the background, its stderr collected line by line."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, wrapper: Sequence[str] = ()) -> None:
         self.process = subprocess.Popen(
-            [*PATHLOCK, *args],
+            [*wrapper, *PATHLOCK, *args],  # wrapper: a command that runs pathlock (strace)
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -100,8 +100,8 @@ class Request(threading.Thread):
         self._finish = threading.Event()
 
     def run(self) -> None:
-        self.owner = Owner.current(self.locks.manager.node_id)
         held = self.locks.lock_paths(*self.first, timeout=HANG) if self.first else None
+        self.owner = held.owner if held is not None else None
         if self.start_together is not None:
             self.start_together.wait(HANG)
         self.requested_at = time.monotonic()
@@ -117,6 +117,7 @@ class Request(threading.Thread):
         self.granted_at = time.monotonic()
         self.granted.append(self.label)
         self.lease = lease
+        self.owner = lease.owner
         self.done.set()
         if self.hold:
             self._finish.wait(HANG)

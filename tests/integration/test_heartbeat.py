@@ -23,14 +23,19 @@ def _delete_rows(engine: Engine, lease: Lease) -> None:
         )
 
 
-def _expires_in(engine: Engine, lease: Lease) -> float:
-    """Seconds until the lease's rows expire. Both backends run on this host,
-    so its clock is the database's (read independently of pathlock)."""
+def _expires_at(engine: Engine, lease: Lease) -> datetime:
+    """When the lease's rows expire, read independently of pathlock."""
     with engine.connect() as connection:
         expires_at = connection.execute(
             select(func.min(path_locks.c.expires_at)).where(path_locks.c.lease_id == lease.lease_id)
         ).scalar_one()
-    return (expires_at.replace(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
+    return expires_at.replace(tzinfo=UTC)
+
+
+def _expires_in(engine: Engine, lease: Lease) -> float:
+    """Seconds until the lease's rows expire. Both backends run on this host,
+    so its clock is the database's."""
+    return (_expires_at(engine, lease) - datetime.now(UTC)).total_seconds()
 
 
 def test_renewal_keeps_a_lease_alive_past_several_ttls(
@@ -101,9 +106,12 @@ def test_explicit_renew_extends_and_never_resurrects(
     with PathLockManager(database_url, ttl=30, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         lease = locks.lock_paths("/a", ttl=2)
+        granted_until = _expires_at(raw_engine, lease)
         time.sleep(0.5)
         lease.renew()
-        assert _expires_in(raw_engine, lease) > 1.8
+        # Extended to a full ttl from the renewal, which came at least 0.5 s
+        # after the grant (by the database's clock, whatever the machine's load).
+        assert (_expires_at(raw_engine, lease) - granted_until).total_seconds() >= 0.5
         lease.release()
 
         short = locks.lock_paths("/b", ttl=0.3)

@@ -1,0 +1,316 @@
+"""``timeout=`` bounds the whole call, whatever the network and the database do
+(issue "Safe wherever Python file servers run", items 10 and 11).
+
+Each test makes the database fail to answer in one real way and times the
+call: a TCP listener that accepts and never speaks, a host that drops every
+connection attempt (a listener whose backlog is full: the kernel ignores the
+SYN), a stopped server process (SIGSTOP), a client process stopped between
+its grant's statements and their COMMIT (it holds its customer's row), and a
+SQLite file whose write lock another process holds. Before these bounds, such
+calls took 30 s per attempt (socket timeout) or 10 s (connect or SQLite busy
+timeout), five attempts in a row, whatever the caller's timeout.
+
+The documented bounds: a lock request within its timeout + 0.5 s, a try-lock
+within 2 s, any other call within 10.5 s, ``close()`` within 10.5 s however
+many leases it releases. The assertions allow 2 s more for a loaded machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+from sqlalchemy import create_engine, text
+
+from pathlock import BackendError, LockTimeout, PathLockManager
+from tests import private_mariadb
+from tests.integration.conftest import PRIVATE_DATABASE
+from tests.integration.test_outages import reply_lost_after_commit
+
+pytestmark = pytest.mark.timeout(90)
+
+# The documented bounds (README, "Failures"), and what a loaded machine adds.
+GRACE = 0.5
+TRY_BOUND = 10.5
+CALL_BOUND = 10.5
+CLOSE_BOUND = 10.5
+SLACK = 2.0
+
+
+def _timed(call: Callable[[], object]) -> tuple[BaseException | None, float]:
+    """The error ``call`` raised (``None`` if it returned) and how long it took."""
+    started = time.monotonic()
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        return error, time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+def _assert_unanswered_lock_timeout(error: BaseException | None) -> None:
+    assert isinstance(error, LockTimeout), repr(error)
+    assert error.unanswered, error
+    assert "did not answer" in str(error)
+
+
+def _assert_database_timeout(error: BaseException | None) -> None:
+    # DatabaseTimeout: a BackendError that is also a TimeoutError.
+    assert isinstance(error, BackendError), repr(error)
+    assert isinstance(error, TimeoutError), repr(error)
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose listener lets clients connect and never says a word
+    (MySQL's server speaks first: the client waits for its greeting)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield int(listener.getsockname()[1])
+
+
+@pytest.fixture
+def black_hole_port() -> Iterator[int]:
+    """A port that drops every new connection attempt, as an unreachable host
+    does: its listener's backlog (one connection) is full and nobody accepts,
+    so the kernel ignores further SYNs and the client's connect just waits."""
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        filler.connect(("127.0.0.1", port))
+        with socket.socket() as probe:
+            probe.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                probe.connect(("127.0.0.1", port))
+        yield port
+
+
+def _mysql_url(port: int) -> str:
+    return f"mysql+pymysql://root@127.0.0.1:{port}/test"
+
+
+def test_a_server_that_never_answers_costs_a_request_its_timeout(
+    silent_port: int, customer_id: int
+) -> None:
+    with PathLockManager(_mysql_url(silent_port), node_id="silent", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        error, took = _timed(lambda: locks.lock_paths("/a", timeout=1))
+        _assert_unanswered_lock_timeout(error)
+        assert took < 1 + GRACE + SLACK
+        error, took = _timed(lambda: locks.try_lock_paths("/a"))
+        _assert_database_timeout(error)
+        assert took < TRY_BOUND + SLACK
+
+
+def test_a_listing_from_a_server_that_never_answers_is_bounded(silent_port: int) -> None:
+    with PathLockManager(_mysql_url(silent_port), node_id="silent", heartbeat=False) as manager:
+        error, took = _timed(manager.list_locks)
+    _assert_database_timeout(error)
+    assert took < CALL_BOUND + SLACK
+
+
+def test_an_unreachable_host_costs_a_request_its_timeout(
+    black_hole_port: int, customer_id: int
+) -> None:
+    with PathLockManager(_mysql_url(black_hole_port), node_id="hole", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        error, took = _timed(lambda: locks.lock_paths("/a", timeout=0.2))
+        _assert_unanswered_lock_timeout(error)
+        assert took < 0.2 + GRACE + SLACK
+        error, took = _timed(lambda: locks.try_lock_paths("/a"))
+        _assert_database_timeout(error)
+        assert took < TRY_BOUND + SLACK
+
+
+@contextlib.contextmanager
+def _stopped(server: private_mariadb.PrivateMariaDB) -> Iterator[None]:
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def private_url(private_server: private_mariadb.PrivateMariaDB) -> str:
+    if not private_server.running:
+        private_server.start()
+    return private_server.url(PRIVATE_DATABASE)
+
+
+def test_a_stopped_server_costs_a_request_its_timeout(
+    private_server: private_mariadb.PrivateMariaDB, private_url: str, customer_id: int
+) -> None:
+    with PathLockManager(private_url, node_id="stopped", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/a").release()  # a pooled connection, alive
+        with _stopped(private_server):
+            error, took = _timed(lambda: locks.lock_paths("/b", timeout=1))
+            _assert_unanswered_lock_timeout(error)
+            assert took < 1 + GRACE + SLACK
+            error, took = _timed(lambda: locks.try_lock_paths("/b"))
+            _assert_database_timeout(error)
+            assert took < TRY_BOUND + SLACK
+        # The timed-out connections were dropped, not pooled: the same
+        # manager works as soon as the server answers again.
+        with locks.lock_paths("/b", timeout=10) as lease:
+            assert not lease.lost
+
+
+def test_close_releases_within_its_bound_when_the_server_stopped(
+    private_server: private_mariadb.PrivateMariaDB, private_url: str, customer_id: int
+) -> None:
+    manager = PathLockManager(private_url, node_id="closing", heartbeat=False)
+    leases = [manager.for_customer(customer_id).lock_paths(f"/{n}") for n in range(3)]
+    with _stopped(private_server):
+        error, took = _timed(manager.close)
+    assert error is None  # releases that fail are logged, their rows left to expire
+    assert took < CLOSE_BOUND + SLACK
+    assert all(lease.released for lease in leases)
+
+
+def test_a_hung_node_is_passed_over_within_the_timeout(
+    silent_port: int, mariadb_url: str, customer_id: int
+) -> None:
+    nodes = [_mysql_url(silent_port), mariadb_url]
+    with PathLockManager(nodes, node_id="failover", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        started = time.monotonic()
+        lease = locks.lock_paths("/a", timeout=2)
+        took = time.monotonic() - started
+        assert took < 2 + GRACE + SLACK
+        assert [info.lease_id for info in manager.list_locks(customer_id)] == [lease.lease_id]
+        assert manager._store.router.nodes[0].set_aside_until > time.monotonic()
+        lease.release()
+
+
+# -- a client stopped in the middle of its grant ------------------------------------
+
+
+def _grant_and_freeze_before_commit(url: str, customer_id: int, ready: Any) -> None:
+    """Run a real grant and stop this process (SIGSTOP) when its COMMIT is
+    about to go out: its transaction holds the customer's row."""
+    commit = pymysql.connections.Connection.commit
+
+    def frozen_commit(self: pymysql.connections.Connection) -> None:
+        ready.set()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        commit(self)
+
+    pymysql.connections.Connection.commit = frozen_commit
+    with PathLockManager(url, node_id="frozen", heartbeat=False) as manager:
+        manager.for_customer(customer_id).lock_paths("/frozen", timeout=5)
+
+
+def _wait_until_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            return
+        time.sleep(0.01)
+    raise AssertionError("the helper did not stop")
+
+
+def test_a_client_frozen_before_its_commit_costs_others_only_their_timeout(
+    mariadb_url: str, customer_id: int
+) -> None:
+    with PathLockManager(mariadb_url, node_id="waiting", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()  # the customer's row exists
+        context = multiprocessing.get_context("spawn")
+        ready = context.Event()
+        frozen = context.Process(
+            target=_grant_and_freeze_before_commit, args=(mariadb_url, customer_id, ready)
+        )
+        frozen.start()
+        # Without bounds the requests below wait for the whole freeze: end it
+        # after a while, so that old code fails here instead of hanging.
+        thaw = threading.Timer(1 + TRY_BOUND + 2 * SLACK, frozen.kill)
+        try:
+            assert ready.wait(30)
+            assert frozen.pid is not None
+            _wait_until_stopped(frozen.pid)
+            thaw.start()
+            error, took = _timed(lambda: locks.lock_paths("/b", timeout=1, ttl=2))
+            _assert_unanswered_lock_timeout(error)
+            assert took < 1 + GRACE + SLACK
+            error, took = _timed(lambda: locks.try_lock_paths("/c"))
+            _assert_database_timeout(error)
+            assert took < TRY_BOUND + SLACK
+            # Other customers are not held up at all.
+            with manager.for_customer(customer_id + 1).lock_paths("/b", timeout=1):
+                pass
+        finally:
+            thaw.cancel()
+            frozen.kill()
+            frozen.join(30)
+        # Once the frozen client is gone, the next grant is a fresh one.
+        with locks.lock_paths("/b", timeout=10, ttl=2) as lease:
+            assert not lease.lost
+            assert lease.expires_in > 1
+            assert [info.path for info in manager.list_locks(customer_id)] == ["/b"]
+
+
+# -- an unanswered COMMIT at the deadline is still resolved ---------------------
+
+
+def test_a_grant_whose_commit_reply_is_lost_at_the_deadline_is_found(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The COMMIT lands at once; its reply is lost 1.2 s later, past the
+    # request's 1 s timeout. The grace after the timeout is spent looking for
+    # the request's own rows, which are returned as its lease: granted once.
+    arm = reply_lost_after_commit(monkeypatch, stall=1.2)
+    with PathLockManager(mariadb_url, node_id="late", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()
+        arm()
+        started = time.monotonic()
+        with locks.lock_paths("/a", timeout=1) as lease:
+            assert time.monotonic() - started < 1 + GRACE + SLACK
+            assert [info.lease_id for info in manager.list_locks(customer_id)] == [lease.lease_id]
+
+
+# -- SQLite ---------------------------------------------------------------------------
+
+
+def test_sqlite_waits_for_the_write_lock_only_until_the_timeout(
+    tmp_path: Path, customer_id: int
+) -> None:
+    url = f"sqlite:///{tmp_path / 'locks.sqlite3'}"
+    with PathLockManager(url, node_id="busy", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()
+        writer = sqlite3.connect(tmp_path / "locks.sqlite3", isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")  # another process's writer, as SQLite sees it
+        try:
+            error, took = _timed(lambda: locks.lock_paths("/a", timeout=1))
+            _assert_unanswered_lock_timeout(error)
+            assert took < 1 + GRACE + SLACK
+            error, took = _timed(lambda: locks.try_lock_paths("/a"))
+            _assert_database_timeout(error)
+            assert took < TRY_BOUND + SLACK
+        finally:
+            writer.rollback()
+            writer.close()
+        with locks.lock_paths("/a", timeout=5) as lease:
+            assert not lease.lost
+        # The usual busy timeout is back for calls with time to spare.
+        engine = create_engine(url)
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT 1")).scalar() == 1
+        engine.dispose()

@@ -1,0 +1,383 @@
+"""A manager's life in a real process: close() while others work, fork(),
+interrupts at any moment, and the interpreter's exit.
+
+Invariant under attack: after any call returns or raises, every row in the
+database belongs to a lease that a live manager knows about (or expires within
+its ttl), and no two holders ever believe they hold conflicting locks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from pathlock import (
+    CustomerLocks,
+    LeaseLost,
+    ManagerClosed,
+    PathLockManager,
+)
+from pathlock.schema import path_lock_waiters, path_locks
+
+HANG = 60.0  # seconds: only reached when something is broken
+
+
+def _count(engine: Engine, customer_id: int) -> tuple[int, int]:
+    """(lock rows, waiter rows) of a customer, live or not."""
+    with engine.connect() as connection:
+        locks = connection.execute(
+            select(func.count()).where(path_locks.c.customer_id == customer_id)
+        ).scalar_one()
+        waiters = connection.execute(
+            select(func.count()).where(path_lock_waiters.c.customer_id == customer_id)
+        ).scalar_one()
+    return int(locks), int(waiters)
+
+
+# -- close() ------------------------------------------------------------------------
+
+
+def test_close_wakes_waiters_and_grants_nothing_after(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    manager = PathLockManager(database_url)
+    locks = manager.for_customer(customer_id)
+    holder = locks.lock_paths("/Shared/a")
+    errors: list[BaseException] = []
+    waiting = threading.Event()
+
+    def wait_for_it() -> None:
+        waiting.set()
+        try:
+            locks.lock_paths("/Shared/a/b", timeout=HANG)
+        except BaseException as error:  # noqa: BLE001 - recorded for the assertion
+            errors.append(error)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    waiting.wait(HANG)
+    time.sleep(0.3)  # queued and watching
+    manager.close()  # releases /Shared/a: the waiter must not get it
+    waiter.join(HANG)
+    assert not waiter.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], ManagerClosed)
+    assert holder.released
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+def test_a_with_block_whose_lease_close_released_raises_lease_lost(
+    database_url: str, customer_id: int
+) -> None:
+    manager = PathLockManager(database_url)
+    locks = manager.for_customer(customer_id)
+    seen: list[BaseException] = []
+
+    def hold_while_closed() -> None:
+        with locks.lock_paths("/Shared/a") as lease:
+            manager.close()
+            try:
+                lease.ensure_held()
+            except LeaseLost as error:
+                seen.append(error)
+
+    with pytest.raises(LeaseLost, match="closed"):
+        hold_while_closed()
+    assert len(seen) == 1
+
+
+def test_every_call_after_close_raises_manager_closed(database_url: str, customer_id: int) -> None:
+    manager = PathLockManager(database_url)
+    locks = manager.for_customer(customer_id)
+    manager.close()
+    calls: list[Callable[[], Any]] = [
+        lambda: manager.for_customer(customer_id),
+        manager.list_locks,
+        manager.list_waiters,
+        manager.database_time,
+        manager.reap_expired,
+        manager.create_schema,
+        manager.start_reaper,
+        lambda: manager.release_lease("0" * 32),
+        lambda: manager.release_node("web-1"),
+        lambda: locks.lock_paths("/a"),
+        lambda: locks.try_lock_paths("/a"),
+        locks.release_locks,
+        locks.list_locks,
+    ]
+    for call in calls:
+        with pytest.raises(ManagerClosed):
+            call()
+    manager.close()  # idempotent
+
+
+# -- fork() -------------------------------------------------------------------------
+
+
+def _in_child(work: Callable[[], int]) -> int:
+    """Fork; run ``work`` in the child and exit with its status (1 on any
+    exception); return the child's exit status."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        status = 1
+        try:
+            status = work()
+        except BaseException:  # noqa: BLE001 - reported through the status
+            import traceback  # noqa: PLC0415
+
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.fixture
+def used_manager(database_url: str) -> Iterator[PathLockManager]:
+    """A manager that has already used its pool before the fork."""
+    with PathLockManager(database_url, ttl=3.0) as manager:
+        manager.list_locks(customer_id=1)
+        yield manager
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_forked_child_cannot_release_the_parents_leases(
+    used_manager: PathLockManager, customer_id: int, raw_engine: Engine, database_url: str
+) -> None:
+    locks = used_manager.for_customer(customer_id)
+    lease = locks.lock_paths("/Shared/a")
+
+    def child() -> int:
+        inherited_held = True
+        try:
+            lease.ensure_held()
+        except LeaseLost:
+            inherited_held = False
+        lease.release()
+        locks.release_locks()
+        used_manager.close()
+        return 0 if not inherited_held else 3
+
+    assert _in_child(child) == 0
+    lease.ensure_held()
+    assert _count(raw_engine, customer_id) == (1, 0)
+    with PathLockManager(database_url) as other:
+        assert other.for_customer(customer_id).try_lock_paths("/Shared/a") is None
+    lease.release()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_forked_children_and_their_parent_share_no_connection(
+    used_manager: PathLockManager, customer_id: int, raw_engine: Engine
+) -> None:
+    locks = used_manager.for_customer(customer_id)
+    children = []
+    for n in range(4):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            status = 1
+            try:
+                for _ in range(30):
+                    with locks.lock_paths(f"/child-{n}", timeout=HANG):
+                        pass
+                status = 0
+            finally:
+                os._exit(status)
+        children.append(pid)
+    for _ in range(30):  # the parent keeps using its own pool meanwhile
+        with locks.lock_paths("/parent", timeout=HANG):
+            pass
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_lease_taken_in_a_forked_child_is_renewed(
+    used_manager: PathLockManager, customer_id: int, raw_engine: Engine
+) -> None:
+    locks = used_manager.for_customer(customer_id)
+    lost: list[object] = []
+
+    def child() -> int:
+        with locks.lock_paths("/Shared/a", ttl=1.0, on_lost=lost.append) as lease:
+            time.sleep(3.5)  # several ttls: only renewal keeps it
+            lease.ensure_held()
+        used_manager.close()
+        return 0 if not lost else 4
+
+    assert _in_child(child) == 0
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_child_forked_while_a_thread_held_the_heartbeats_lock_can_close(
+    used_manager: PathLockManager, customer_id: int
+) -> None:
+    used_manager.for_customer(customer_id).lock_paths("/Shared/a")  # the heartbeat runs
+    heartbeat = used_manager._heartbeat
+    assert heartbeat is not None
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold_the_lock() -> None:
+        with heartbeat._condition:
+            holding.set()
+            done.wait(HANG)
+
+    thread = threading.Thread(target=hold_the_lock)
+    thread.start()
+    holding.wait(HANG)
+
+    def child() -> int:
+        signal.alarm(20)  # a hang fails the child instead of the whole test run
+        used_manager.close()
+        return 0
+
+    try:
+        assert _in_child(child) == 0
+    finally:
+        done.set()
+        thread.join(HANG)
+
+
+# -- interrupts ---------------------------------------------------------------------
+
+
+class _Interrupt:
+    """Raises KeyboardInterrupt once, right after (or before) a COMMIT reaches
+    the server: the moment at which a grant's outcome is in doubt."""
+
+    def __init__(self, manager: PathLockManager, *, after: bool) -> None:
+        self._dialect = manager.engine.dialect
+        self._original = self._dialect.do_commit
+        self._after = after
+
+    def __enter__(self) -> _Interrupt:
+        def do_commit(dbapi_connection: Any) -> None:
+            self._dialect.do_commit = self._original  # type: ignore[method-assign]
+            if self._after:
+                self._original(dbapi_connection)
+            raise KeyboardInterrupt
+
+        self._dialect.do_commit = do_commit  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._dialect.do_commit = self._original  # type: ignore[method-assign]
+
+
+def test_an_interrupt_right_after_the_grants_commit_leaves_nothing(
+    manager: PathLockManager, locks: CustomerLocks, customer_id: int, raw_engine: Engine
+) -> None:
+    with _Interrupt(manager, after=True), pytest.raises(KeyboardInterrupt):
+        locks.lock_paths("/Shared/a")
+    assert _count(raw_engine, customer_id) == (0, 0)
+    # The same thread's next request is granted, not told it waits for itself.
+    with locks.lock_paths("/Shared/a", timeout=1):
+        pass
+
+
+def test_an_interrupted_release_can_be_finished(
+    manager: PathLockManager, locks: CustomerLocks, customer_id: int, raw_engine: Engine
+) -> None:
+    lease = locks.lock_paths("/Shared/a")
+    with _Interrupt(manager, after=False), pytest.raises(KeyboardInterrupt):
+        lease.release()
+    lease.release()  # again: this time it happens
+    assert _count(raw_engine, customer_id) == (0, 0)
+    assert not lease.lost
+
+
+def test_close_finishes_an_interrupted_release(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    manager = PathLockManager(database_url, heartbeat=False)
+    lease = manager.for_customer(customer_id).lock_paths("/Shared/a")
+    with _Interrupt(manager, after=False), pytest.raises(KeyboardInterrupt):
+        lease.release()
+    manager.close()
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+_RANDOM_INTERRUPTS = textwrap.dedent(
+    """
+    import random, signal, sys
+    from pathlock import PathLockManager
+    url, customer, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, interrupt)
+    manager = PathLockManager(url, ttl=60)
+    locks = manager.for_customer(customer)
+    interrupted = 0
+    for n in range(rounds):
+        try:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, random.uniform(0, 0.02))
+                with locks.lock_paths("/Shared/a", shared=["/Shared/b"], timeout=30):
+                    locks.try_lock_paths("/Shared/c")
+                locks.release_locks()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:  # wherever it struck, the timer is off now
+            interrupted += 1
+            # A lease the interrupt kept from its release is still this
+            # owner's, as known to the manager: a handler releases it.
+            locks.release_locks()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    # What was left in doubt is settled by now (or at close()).
+    with locks.lock_paths("/Shared", timeout=30):
+        pass
+    manager.close()
+    print(interrupted)
+    """
+)
+
+
+def test_interrupts_at_random_moments_leave_no_rows(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _RANDOM_INTERRUPTS, database_url, str(customer_id), "150"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 10, "the timer should have struck often"
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+# -- the interpreter's exit --------------------------------------------------------
+
+
+def test_a_script_that_ends_without_close_releases_its_locks(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from pathlock import PathLockManager
+        manager = PathLockManager(sys.argv[1], ttl=300)
+        manager.for_customer(int(sys.argv[2])).lock_paths("/Shared/a")
+        """
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, database_url, str(customer_id)], check=True, timeout=60
+    )
+    assert _count(raw_engine, customer_id) == (0, 0)
