@@ -16,9 +16,11 @@ is gone:
 - **Failover.** A node that fails an operation with a lost connection or a
   cluster error (it left the primary component: 1047, 1180) is set aside for
   :data:`SET_ASIDE` seconds; the operation is retried at once on the next
-  node. Set-aside nodes are tried again when that time has passed, so traffic
-  goes back to a node that rejoined. When every node is set aside, they are
-  tried in the usual order anyway.
+  node. A node that only let an attempt time out is set aside only if it does
+  not answer a ping either (see ``Transactions._failed_over``): the attempt
+  may just have waited for a row lock. Set-aside nodes are tried again when
+  that time has passed, so traffic goes back to a node that rejoined. When
+  every node is set aside, they are tried in the usual order anyway.
 
 None of this is about safety: a grant through any node writes the customer's
 sentinel row, and the cluster's certification aborts the one of two

@@ -43,6 +43,14 @@ each further one up to twice as long as the one before, to at most
 :data:`CONTENTION_DELAY_CAP`: short, because on a cluster the winner's
 transaction is already over when the loser hears of it."""
 CONTENTION_DELAY_CAP = 0.1
+PING_TIME = 1.0
+"""Seconds a node that let an attempt time out has to answer ``SELECT 1`` on
+another connection (at most half the time left): one that answers was only
+slow, one that does not is passed over."""
+SHORTEST_PING = 0.1
+"""With less time than this for the ping, a node that let an attempt time out
+is kept for the rest of the operation: too little time is left to tell a hung
+node from a slow one, or to make use of another node."""
 
 
 class _Tries:
@@ -56,6 +64,7 @@ class _Tries:
         self.resolve_by = min(self.ends + GRACE, cap)
         self.patience = self.ends if patience is None else min(patience, self.ends)
         self.failed: list[Node] = []
+        self.kept: list[Node] = []  # nodes kept after a timeout (see _failed_over)
         self.failures = self.contention = 0
         self.unanswered = False  # the last attempt's COMMIT got no reply
         self.last: DBAPIError | None = None
@@ -127,7 +136,8 @@ class Transactions:
         - a node failure (lost connection, no answer in time, a node outside
           its cluster) moves to the next node at once, the first time each
           node fails; while another node is left to try, an attempt gets half
-          the time left;
+          the time left. A node that let an attempt time out is asked whether
+          it is alive first (see :meth:`_failed_over`), and kept if it is;
         - other transient errors are retried up to ``max_attempts`` times,
           with exponential backoff, then :class:`BackendError`;
         - lost races (1213) are retried with short jittered sleeps until the
@@ -145,7 +155,7 @@ class Transactions:
             ends = tries.next_ends()
             attempt += 1
             node = self.router.pick(customer_id, tries.failed)
-            if len(tries.failed) < len(self.router.nodes) - 1:
+            if len(tries.failed) < len(self.router.nodes) - 1 and node not in tries.kept:
                 # Another node is left to try: this one gets half the time
                 # left, so that a node that hangs is passed over in time.
                 now = time.monotonic()
@@ -171,13 +181,39 @@ class Transactions:
                 return result
 
     def _failed_over(self, tries: _Tries, node: Node, error: DBAPIError) -> bool:
-        """Set ``node`` aside if ``error`` says it failed; whether another node
-        is left to try at once."""
+        """Set ``node`` aside if ``error`` says it failed; whether to try again
+        at once (on another node, or on this one when it turned out to be only
+        slow)."""
         if not is_node_failure(error) or node in tries.failed:
             return False
+        if len(self.router.nodes) > 1 and _timed_out(error):
+            # No answer in time: a hung node, or a statement that waited for a
+            # row lock behind busy (or frozen) clients of the same customer.
+            # Failing over would not help the second (the rows are the same on
+            # every node) and would send the customer's writes through several
+            # nodes of a cluster, where they abort each other. Ask the node,
+            # if there is time to; the next attempt on a kept node gets all the
+            # time left (or resolves an unanswered COMMIT there).
+            if node in tries.kept:
+                return True  # its time is up, unless a COMMIT is to be resolved
+            budget = min(PING_TIME, (tries.ends - time.monotonic()) / 2)
+            if budget < SHORTEST_PING or self._answers(node, budget):
+                tries.kept.append(node)
+                return True
         self.router.set_aside(node, error)
         tries.failed.append(node)
         return len(tries.failed) < len(self.router.nodes)
+
+    @staticmethod
+    def _answers(node: Node, budget: float) -> bool:
+        """Whether ``node`` answers ``SELECT 1`` within ``budget`` seconds."""
+        try:
+            with deadlines.limit(time.monotonic() + budget), node.engine.connect() as connection:
+                connection.exec_driver_sql("SELECT 1").scalar()
+                connection.rollback()
+        except DBAPIError:
+            return False
+        return True
 
     def _retry_delay(self, tries: _Tries, error: DBAPIError) -> float:
         # Time first: a retry that cannot start in time is not logged as one.
@@ -289,6 +325,11 @@ def _attempt(
         if not reusable:
             _discard(connection)
         connection.close()
+
+
+def _timed_out(error: DBAPIError) -> bool:
+    """A socket timeout (PyMySQL says "timed out" in a lost-connection error)."""
+    return "timed out" in str(error.orig)
 
 
 def _interrupt_behind(error: BaseException) -> BaseException | None:

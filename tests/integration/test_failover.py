@@ -251,3 +251,32 @@ def test_pathlock_engines_give_up_on_a_silent_server(nodes: list[str]) -> None:
     options = {"connect_args": {"read_timeout": 7}}
     with PathLockManager(nodes[0], node_id="failover", engine_options=options) as manager:
         assert _socket_timeouts(manager) == (7, 30)  # the caller's connect_args win
+
+
+def test_a_wait_for_a_busy_customer_row_is_no_node_failure(
+    nodes: list[str], plain: Engine, customer_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A statement that waits for the customer's row behind another client
+    runs into the socket timeout of its attempt (half the time left while
+    another node is untried). The node answers on another connection, so it is
+    kept: passing it over would send the customer's writes through several
+    nodes of a cluster, where they abort each other (certification failures)."""
+    with PathLockManager([nodes[0], nodes[2]], node_id="failover", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()  # the customer's row exists
+        with plain.connect() as holder:
+            holder.execute(
+                text("SELECT * FROM customer_locks WHERE customer_id = :c FOR UPDATE"),
+                {"c": customer_id},
+            )
+            # The request below gets 2 s on its first attempt, and waits for
+            # the row for 2.5 s.
+            threading.Timer(2.5, holder.connection.dbapi_connection.commit).start()  # type: ignore[union-attr]
+            with caplog.at_level(logging.WARNING, logger="pathlock"):
+                lease = locks.lock_paths("/a", timeout=4)
+        try:
+            assert [node.set_aside_until for node in manager._store.router.nodes] == [0.0, 0.0]
+            assert not [r for r in caplog.records if "failed" in r.getMessage()]
+            assert _rows(plain, customer_id)[0][:2] == ("/a", lease.lease_id)
+        finally:
+            lease.release()
