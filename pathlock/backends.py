@@ -168,8 +168,9 @@ def open_engines(database: object, engine_options: dict[str, Any]) -> list[tuple
     return opened
 
 
-RENEWAL_POOL = {"pool_size": 1, "max_overflow": 1}
-"""The pool of the heartbeat's engines: one renewal round runs at a time."""
+RENEWAL_POOL = {"pool_size": 1, "max_overflow": 5}
+"""The pool of the heartbeat's engines: one renewal round at a time, and up to
+``pathlock.manager.STRAGGLERS`` renewals that wait for a busy customer's row."""
 
 
 def open_renewal_engines(

@@ -185,6 +185,66 @@ class Heartbeat:
                 self._condition.notify()
 
 
+class Stragglers:
+    """Renewals that wait for a customer's row, each on a thread of its own.
+
+    A renewal round skips the customers whose sentinel row another transaction
+    holds (a grant in progress, or a client frozen in the middle of one), so
+    that one customer's stall never holds up the renewal of the others. Each
+    skipped customer's leases are handed here and renewed by a transaction
+    that waits for that customer's row for as long as its leases can wait:
+    behind a busy customer's grants a moment, behind a frozen client until the
+    leases must be presumed lost. At most ``limit`` run at once; a customer
+    that finds no free slot is skipped again by the next round."""
+
+    def __init__(
+        self, renew: Callable[[list[Lease]], None], *, limit: int, name: str = "pathlock-renew"
+    ) -> None:
+        self._renew = renew
+        self._limit = limit
+        self._name = name
+        self._lock = threading.Lock()
+        self._running: dict[object, threading.Thread] = {}
+        self._stopping = False
+
+    def start(self, key: object, leases: list[Lease]) -> bool:
+        """Renew ``leases`` on a thread of their own, unless a renewal for
+        ``key`` (their customer) is running already or no slot is free;
+        whether it started."""
+        with self._lock:
+            if self._stopping or key in self._running or len(self._running) >= self._limit:
+                return False
+            thread = threading.Thread(
+                target=self._run, args=(key, leases), name=f"{self._name}-{key}", daemon=True
+            )
+            self._running[key] = thread
+        thread.start()
+        return True
+
+    def stop(self, timeout: float) -> None:
+        """Start no more, and wait up to ``timeout`` seconds for those running
+        (each ends by the time its leases must be presumed lost)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._stopping = True
+            running = list(self._running.values())
+        for thread in running:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self, key: object, leases: list[Lease]) -> None:
+        try:
+            self._renew(leases)
+        except Exception as error:  # the next round tries again, or the loss is declared
+            if isinstance(error, PathLockError):
+                log.warning("renewing %d lease(s) failed, retrying soon: %s", len(leases), error)
+            else:
+                log.exception("renewing %d lease(s) failed unexpectedly", len(leases))
+        finally:
+            with self._lock:
+                del self._running[key]
+
+
 def _declare_lost(lease: Lease) -> None:
     lease._mark_lost(  # once: later calls (and calls on released leases) do nothing
         f"not renewed for {lease.ttl - lease.margin:.1f} s (database unreachable?); "

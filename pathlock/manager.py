@@ -38,7 +38,7 @@ from pathlock.errors import (
     ManagerClosed,
     PathLockError,
 )
-from pathlock.heartbeat import Heartbeat
+from pathlock.heartbeat import Heartbeat, Stragglers
 from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
 from pathlock.records import GrantRequest
@@ -66,10 +66,27 @@ CLOSE_WAIT = 5.0
 threads before it disposes the engine (within :data:`CLOSE_TIME`)."""
 
 
-# A renewal that found a customer's sentinel held by another transaction tries
-# that customer again this soon (at most ttl/20): a grant holds it for a
-# millisecond or so; a client frozen in the middle of one, until it is killed.
+# A renewal round that found a customer's sentinel held by another transaction
+# and could not hand the customer to a renewal of its own (one is running, or
+# every slot is taken) tries that customer again this soon (at most ttl/20).
 _SKIPPED_RETRY = 0.05
+STRAGGLERS = 4
+"""Renewals of customers whose row another transaction held when their round
+came (see :class:`pathlock.heartbeat.Stragglers`) that may wait at once."""
+
+
+def _renewal_rows(leases: list[Lease]) -> list[tuple[int, str, int]]:
+    return [(lease.customer_id, lease.lease_id, len(lease.paths)) for lease in leases]
+
+
+def _renewed(lease: Lease, held: bool, started: float) -> None:
+    """Record the outcome of a renewal that began at ``started`` (clock.now())."""
+    if held:
+        lease._extend(started)
+    else:
+        lease._mark_lost(
+            "its rows were gone when it was renewed (expired, reaped, or deleted by an operator)"
+        )
 
 
 def _requester(requested_by: object) -> str:
@@ -235,6 +252,9 @@ class PathLockManager:
         self._heartbeat = Heartbeat(
             functools.partial(self._renew_leases, heartbeat=True),
             name=f"pathlock-heartbeat-{self.node_id}",
+        )
+        self._stragglers = Stragglers(
+            self._renew_stragglers, limit=STRAGGLERS, name=f"pathlock-renew-{self.node_id}"
         )
 
     def _after_fork(self) -> None:
@@ -418,6 +438,9 @@ class PathLockManager:
             self._wakeups.close()
             self._reaper.stop()
             self._heartbeat.stop()
+            # Each ends by the time its leases would count as lost; the
+            # releases below wait for the same rows anyway.
+            self._stragglers.stop(0.0)
         # One bound for all of them: a database that does not answer costs
         # close() CLOSE_TIME, not that much per lease.
         with deadlines.limit(time.monotonic() + CLOSE_TIME):
@@ -583,9 +606,11 @@ class PathLockManager:
         database cannot be reached.
 
         The heartbeat's renewals (``heartbeat``) use connections of their own
-        and pass over a customer whose sentinel another transaction holds: its
-        leases are tried again shortly, and are lost only if that lasts until
-        they may have expired; the other customers' leases are renewed."""
+        and, on servers that can skip locked rows, pass over a customer whose
+        sentinel another transaction holds: that customer's leases are renewed
+        by a transaction of their own that waits for its row (see
+        :class:`~pathlock.heartbeat.Stragglers`), so a client frozen in the
+        middle of a grant endangers its own customer's leases only."""
         store = self._renewals if heartbeat else self._store
         # One transaction per ttl and home node: with customer affinity on a
         # cluster, each customer's renewals go where its grants go.
@@ -595,25 +620,34 @@ class PathLockManager:
             groups.setdefault(key, []).append(lease)
         for (ttl, _home), group in groups.items():
             started = clock.now()
-            held, skipped = store.renew(
-                [(lease.customer_id, lease.lease_id, len(lease.paths)) for lease in group],
-                ttl,
-                # Waiting, even for the heartbeat: passing over a customer
-                # whose sentinel is locked (SKIP LOCKED) starved the leases
-                # of a busy customer, whose sentinel is locked by one grant
-                # after another, until they were lost (the fault suites).
-                wait=True,
-            )
+            held, skipped = store.renew(_renewal_rows(group), ttl, wait=not heartbeat)
+            skipped_leases: dict[int, list[Lease]] = {}
             for lease in group:
-                if lease.lease_id in held:
-                    lease._extend(started)
-                elif lease.customer_id in skipped:
-                    lease.renew_due = clock.now() + min(_SKIPPED_RETRY, ttl / 20)
+                if lease.customer_id in skipped:
+                    skipped_leases.setdefault(lease.customer_id, []).append(lease)
                 else:
-                    lease._mark_lost(
-                        "its rows were gone when it was renewed (expired, reaped, "
-                        "or deleted by an operator)"
-                    )
+                    _renewed(lease, lease.lease_id in held, started)
+            for customer_id, waiting in skipped_leases.items():
+                if self._stragglers.start((customer_id, ttl), waiting):
+                    # Watched for loss only, until that renewal is back.
+                    for lease in waiting:
+                        lease.renew_due = lease.lost_at
+                else:
+                    for lease in waiting:
+                        lease.renew_due = clock.now() + min(_SKIPPED_RETRY, ttl / 20)
+
+    def _renew_stragglers(self, leases: list[Lease]) -> None:
+        """Renew one customer's ``leases`` (of one ttl), waiting for its row
+        until they must be presumed lost."""
+        started = clock.now()
+        deadline = time.monotonic() + max(0.0, min(lease.lost_at for lease in leases) - started)
+        held, _ = self._renewals.renew(
+            _renewal_rows(leases), leases[0].ttl, wait=True, deadline=deadline
+        )
+        for lease in leases:
+            _renewed(lease, lease.lease_id in held, started)
+            if lease.lease_id in held:
+                self._heartbeat.add(lease)  # its next renewal, not its old deadline
 
     def _register(
         self,

@@ -484,7 +484,12 @@ class Store(Upkeep):
         return self._run("releasing an owner's locks", attempt, customer_id=customer_id)
 
     def renew(
-        self, leases: Sequence[tuple[int, str, int]], ttl: float, *, wait: bool = True
+        self,
+        leases: Sequence[tuple[int, str, int]],
+        ttl: float,
+        *,
+        wait: bool = True,
+        deadline: float | None = None,
     ) -> tuple[set[str], set[int]]:
         """Extend ``leases`` ((customer id, lease id, row count) triples) to
         expire ``ttl`` seconds from now, database time. Returns the ids still
@@ -495,7 +500,8 @@ class Store(Upkeep):
         10.6+, MySQL 8), a customer whose sentinel another transaction holds
         is skipped: its leases are neither renewed nor returned, and the
         others are renewed without waiting for it. Otherwise the renewal
-        waits for every sentinel, and nothing is skipped."""
+        waits for every sentinel, and nothing is skipped; everything by the
+        monotonic time ``deadline`` (see ``Transactions._run``)."""
         customers = sorted({customer_id for customer_id, _, _ in leases})
 
         def attempt(connection: Connection, _number: int) -> tuple[set[str], set[int]]:
@@ -512,7 +518,7 @@ class Store(Upkeep):
 
         # The manager groups leases by home node (routing.py): the first
         # customer's route is every customer's.
-        return self._run("renewing leases", attempt, customer_id=customers[0])
+        return self._run("renewing leases", attempt, customer_id=customers[0], deadline=deadline)
 
     @staticmethod
     def _renew_rows(
