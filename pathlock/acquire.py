@@ -87,21 +87,25 @@ def acquire(
     began = time.monotonic()
     deadline = math.inf if wait_limit is None else began + wait_limit
     ends = deadline if blocking else began + TRY_TIME
-    with deadlines.limit(ends + GRACE), wakeups.watch(request.customer_id) as watch:
-        place = _Place(store, request, watch, policy.start())
-        try:
-            return _loop(
-                store,
-                place,
-                request,
-                blocking=blocking,
-                wait_limit=wait_limit,
-                deadline=deadline,
-                ends=ends,
-                closed=closed,
-            )
-        finally:
-            place.leave()
+    watch = wakeups.watch(request.customer_id)
+    try:
+        with deadlines.limit(ends + GRACE), watch:
+            place = _Place(store, request, watch, policy.start())
+            try:
+                return _loop(
+                    store,
+                    place,
+                    request,
+                    blocking=blocking,
+                    wait_limit=wait_limit,
+                    deadline=deadline,
+                    ends=ends,
+                    closed=closed,
+                )
+            finally:
+                place.leave()
+    finally:
+        watch.close()  # again, if an interrupt cut the with block's exit short
 
 
 def _loop(

@@ -236,14 +236,26 @@ class Watch:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unregister; idempotent. An interrupt (Ctrl-C) may cut this short,
+        or an update of the ticket: calling it again finishes the job. A
+        ticket left registered would keep this process's later waiters idle
+        behind a request that is gone, until their timeouts."""
         wakeups = self._wakeups
         with wakeups._lock:
             entry = self._entry
             if entry is None:
                 return
-            self._set_ticket(entry, None)
+            # Every ticket registered for this watch, not only the current
+            # one: an interrupted ticket update may have left an old one.
+            for ticket in [t for t, watch in entry.tickets.items() if watch is self]:
+                self._ticket = ticket
+                self._set_ticket(entry, None)
+            self._ticket = None
             entry.watches.discard(self)
-            if not entry.watches:
+            if not entry.watches and wakeups._entries.get(self._customer_id) is entry:
                 del wakeups._entries[self._customer_id]
             self._entry = None
 
@@ -265,7 +277,7 @@ class Watch:
             entry.tickets[ticket] = self
         if old is None:
             return
-        del entry.tickets[old]
+        entry.tickets.pop(old, None)  # absent if an interrupt came before it was set
         # The waiters that were behind this one here may be next now. A
         # release this one was woken for and did not act on goes to them.
         for watch in entry.watches:

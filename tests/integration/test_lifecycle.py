@@ -16,7 +16,8 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy import Engine, func, select
@@ -26,9 +27,11 @@ from pathlock import (
     LeaseLost,
     ManagerClosed,
     PathLockManager,
+    waiting,
 )
 from pathlock.schema import path_lock_waiters, path_locks
 
+T = TypeVar("T")
 HANG = 60.0  # seconds: only reached when something is broken
 
 
@@ -309,6 +312,54 @@ def test_close_finishes_an_interrupted_release(
         lease.release()
     manager.close()
     assert _count(raw_engine, customer_id) == (0, 0)
+
+
+def _in_thread(call: Callable[[], T]) -> Future[T]:
+    """Run ``call`` on a thread of its own (another owner than the test's)."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(call)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def test_an_interrupt_as_a_waiter_leaves_does_not_stall_the_waiters_behind_it(
+    locks: CustomerLocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C just as a granted request leaves the process's local queue
+    (where the next waiter of this process learns it may go) must not leave
+    that waiter sleeping behind a request that is gone until its timeout."""
+    main = threading.current_thread()
+    original = waiting.Watch._set_ticket
+    fired = threading.Event()
+
+    def set_ticket(watch: waiting.Watch, entry: Any, ticket: int | None) -> None:
+        leaving = sys._getframe(1).f_code.co_name in ("__exit__", "close")
+        mine = threading.current_thread() is main
+        if ticket is None and leaving and mine and not fired.is_set():
+            fired.set()
+            raise KeyboardInterrupt
+        original(watch, entry, ticket)
+
+    monkeypatch.setattr(waiting.Watch, "_set_ticket", set_ticket)
+    holder = _in_thread(lambda: locks.lock_paths("/Shared/a", owner="holder"))
+    lease = holder.result(HANG)
+    behind: dict[str, float] = {}
+
+    def wait_behind() -> None:
+        time.sleep(0.5)  # queued after the main thread's request
+        started = time.monotonic()
+        with locks.lock_paths("/Shared/a", timeout=20, owner="behind"):
+            behind["waited"] = time.monotonic() - started
+
+    second = _in_thread(wait_behind)
+    threading.Timer(1.5, lease.release).start()
+    with pytest.raises(KeyboardInterrupt):
+        locks.lock_paths("/Shared/a", timeout=20)
+    assert fired.is_set()
+    second.result(HANG)
+    # Woken when the interrupted request left, not at its 20 s deadline.
+    assert behind["waited"] < 10, behind
 
 
 _RANDOM_INTERRUPTS = textwrap.dedent(
