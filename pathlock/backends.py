@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from pathlock import batch, deadlines
+from pathlock import batch, deadlines, interrupts
 from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
 from pathlock.routing import node_name
 from pathlock.schema import REVISION, VERSION_TABLE
@@ -223,7 +223,9 @@ WSREP_SYNC_WAIT = 3
 
 def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:
     # Connections whose socket waits end with their caller's time (deadlines.py).
-    return deadlines.BoundedConnection(*cargs, **cparams)
+    # A wait on the network: a Ctrl-C may end it (interrupts.py).
+    with interrupts.let_through():
+        return deadlines.BoundedConnection(*cargs, **cparams)
 
 
 def _session_settings(dbapi_connection: Any, _record: object) -> None:
@@ -232,6 +234,11 @@ def _session_settings(dbapi_connection: Any, _record: object) -> None:
     # kept); MySQL has no such variables. The lock wait is only ever lowered.
     # One SHOW for both, and one SET if anything needs changing, once per
     # connection: nothing per operation.
+    with interrupts.let_through():  # round trips: a Ctrl-C may end them
+        _apply_session_settings(dbapi_connection)
+
+
+def _apply_session_settings(dbapi_connection: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(

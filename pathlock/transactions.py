@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from pathlock import deadlines
+from pathlock import deadlines, interrupts
 from pathlock.backends import READ_ONLY, bound_busy_wait, check_dialect
 from pathlock.errors import BackendError, ContentionTimeout, DatabaseTimeout
 from pathlock.routing import Node, Router
@@ -207,10 +207,14 @@ class Transactions:
     @staticmethod
     def _answers(node: Node, budget: float) -> bool:
         """Whether ``node`` answers ``SELECT 1`` within ``budget`` seconds."""
+
+        def ping(connection: Connection, _attempt_number: int) -> None:
+            connection.exec_driver_sql("SELECT 1").scalar()
+            connection.rollback()
+
         try:
-            with deadlines.limit(time.monotonic() + budget), node.engine.connect() as connection:
-                connection.exec_driver_sql("SELECT 1").scalar()
-                connection.rollback()
+            with deadlines.limit(time.monotonic() + budget):
+                _attempt(node, ping, 1, read_only=True)
         except DBAPIError:
             return False
         return True
@@ -295,7 +299,6 @@ class Transactions:
 def _attempt(
     node: Node, operation: Callable[[Connection, int], T], attempt: int, *, read_only: bool
 ) -> T:
-    connection = node.engine.connect()
     # Whether the connection may go back to the pool: only when the operation
     # ended its transaction itself, or failed with a database error that left
     # the protocol in step. Anything else (an interrupt such as Ctrl-C or an
@@ -304,7 +307,13 @@ def _attempt(
     # interrupted mid-protocol answers the next query with the previous one's
     # reply ("Packet sequence number wrong").
     reusable = False
+    connection: Connection | None = None
     try:
+        # In the main thread, a signal handler that raises (Ctrl-C) while the
+        # pool's lock is held would leave it held for good: held back there
+        # (opening a connection stays interruptible: see backends.py).
+        with interrupts.held_back():
+            connection = node.engine.connect()
         bound_busy_wait(connection, deadlines.ceiling())
         if read_only:
             connection.execution_options(**{READ_ONLY: True})
@@ -322,9 +331,11 @@ def _attempt(
         reusable = True
         return result
     finally:
-        if not reusable:
-            _discard(connection)
-        connection.close()
+        if connection is not None:
+            with interrupts.held_back():
+                if not reusable:
+                    _discard(connection)
+                connection.close()
 
 
 def _timed_out(error: DBAPIError) -> bool:

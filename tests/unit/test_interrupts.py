@@ -1,0 +1,103 @@
+"""Signals held back while a connection goes in or out of the pool
+(pathlock.interrupts): raised right after the block, never inside it, and no
+handler stays swapped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+from pathlock import interrupts
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _raise(_signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted
+
+
+@pytest.fixture
+def raising_handler() -> Iterator[None]:
+    previous = signal.signal(signal.SIGUSR1, _raise)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def _signal_self() -> None:
+    """Send SIGUSR1 to this process, and give its handler plenty of chances
+    to run (it runs between bytecodes of the main thread)."""
+    os.kill(os.getpid(), signal.SIGUSR1)
+    for _ in range(1000):
+        pass
+
+
+def _held_back_block(steps: list[str]) -> None:
+    with interrupts.held_back():
+        _signal_self()
+        steps.append("the block went on")
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_a_signal_in_the_block_is_handled_right_after_it() -> None:
+    steps: list[str] = []
+    with pytest.raises(Interrupted):
+        _held_back_block(steps)
+    assert steps == ["the block went on"]
+    assert signal.getsignal(signal.SIGUSR1) is _raise
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_handlers_are_restored_when_the_block_raises() -> None:
+    with pytest.raises(KeyError), interrupts.held_back():
+        raise KeyError
+    assert signal.getsignal(signal.SIGUSR1) is _raise
+    with pytest.raises(Interrupted):
+        _signal_self()
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_let_through_handles_signals_again_and_then_holds_them_back() -> None:
+    with interrupts.held_back():
+        with pytest.raises(Interrupted), interrupts.let_through():
+            _signal_self()
+        assert signal.getsignal(signal.SIGUSR1) is not _raise  # held back again
+    assert signal.getsignal(signal.SIGUSR1) is _raise
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_nested_blocks_hand_the_signal_out_once_at_the_outer_end() -> None:
+    steps: list[str] = []
+
+    def nested() -> None:
+        with interrupts.held_back():
+            with interrupts.held_back():
+                _signal_self()
+            for _ in range(1000):
+                pass
+            steps.append("the outer block went on")
+
+    with pytest.raises(Interrupted):
+        nested()
+    assert steps == ["the outer block went on"]
+    assert signal.getsignal(signal.SIGUSR1) is _raise
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_other_threads_are_left_alone() -> None:
+    seen: list[object] = []
+
+    def run() -> None:
+        with interrupts.held_back():
+            seen.append(signal.getsignal(signal.SIGUSR1))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen == [_raise]
