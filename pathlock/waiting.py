@@ -218,7 +218,11 @@ class Watch:
     def __init__(self, wakeups: LocalWakeups, customer_id: int) -> None:
         self._wakeups = wakeups
         self._customer_id = customer_id
-        self._condition = threading.Condition(wakeups._lock)
+        # Held (locked) while this watch sleeps in wait(); a signal unlocks it.
+        # Not a threading.Condition: its wait() is Python code, and an
+        # interrupt (Ctrl-C) between its steps could leave the shared lock
+        # released while the with block that took it still counts it as held.
+        self._waker: threading.Lock | None = None
         self._entry: _Entry | None = None
         self._ticket: int | None = None
         self._ahead: tuple[int, ...] = ()
@@ -299,7 +303,9 @@ class Watch:
             self._released = True
         else:
             self._changed = True
-        self._condition.notify()
+        waker = self._waker
+        if waker is not None and waker.locked():
+            waker.release()
 
     def wait(self, timeout: float, idle: float | None = None) -> bool:
         """Sleep up to ``timeout`` seconds, or up to ``idle`` seconds (default:
@@ -310,11 +316,21 @@ class Watch:
         entry = self._entry
         if entry is None:
             raise RuntimeError("Watch.wait() outside its with block")
+        waker: threading.Lock | None = None
+        behind = False
         with self._wakeups._lock:
-            closed = self._wakeups._closed
-            if not (self._released or self._changed or closed):
+            if not (self._released or self._changed or self._wakeups._closed):
                 behind = idle is not None and self._behind(entry)
-                self._condition.wait(idle if behind else timeout)
-            notified = self._released or closed
+                waker = self._waker = threading.Lock()
+                waker.acquire()
+        if waker is not None:
+            seconds = idle if behind and idle is not None else timeout
+            # Interruptible (Ctrl-C), and nothing shared is held meanwhile.
+            try:
+                waker.acquire(True, min(max(seconds, 0.0), threading.TIMEOUT_MAX))
+            finally:
+                self._waker = None
+        with self._wakeups._lock:
+            notified = self._released or self._wakeups._closed
             self._released = self._changed = False
             return notified

@@ -362,6 +362,49 @@ def test_an_interrupt_as_a_waiter_leaves_does_not_stall_the_waiters_behind_it(
     assert behind["waited"] < 10, behind
 
 
+def test_an_interrupt_as_a_waiter_falls_asleep_comes_out_as_the_interrupt(
+    locks: CustomerLocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that strikes just as a waiting request goes to sleep (here:
+    right after a threading.Condition let go of its lock, where Python runs
+    signal handlers) comes out as the KeyboardInterrupt, and the process's
+    next request waits and is granted as usual. With a Condition around the
+    sleep, the with block that had taken the lock released it a second time:
+    "RuntimeError: release unlocked lock" instead of the interrupt (or, had
+    another thread taken the lock meanwhile, that thread's lock released)."""
+    main = threading.current_thread()
+    fired = threading.Event()
+    original = threading.Condition._release_save  # type: ignore[attr-defined]
+
+    def release_save(condition: threading.Condition) -> Any:
+        saved = original(condition)
+        in_pathlock = "pathlock" in sys._getframe(2).f_code.co_filename  # Condition.wait's caller
+        if in_pathlock and threading.current_thread() is main and not fired.is_set():
+            fired.set()
+            raise KeyboardInterrupt
+        return saved
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        if not fired.is_set():  # wherever it sleeps, if not in a Condition
+            fired.set()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Condition, "_release_save", release_save)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        lease = _in_thread(lambda: locks.lock_paths("/Shared/a", owner="holder")).result(HANG)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            locks.lock_paths("/Shared/a", timeout=20)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    monkeypatch.undo()
+    threading.Timer(0.5, lease.release).start()
+    with locks.lock_paths("/Shared/a", timeout=20):
+        pass
+
+
 _RANDOM_INTERRUPTS = textwrap.dedent(
     """
     import random, signal, sys
