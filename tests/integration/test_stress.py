@@ -12,7 +12,7 @@ definition of overlapping paths and conflicting modes.
 Workers are started with the "spawn" start method and build their own
 PathLockManager inside the child: nothing (engines, connections) crosses a fork.
 
-The tree test's CI size is 8 workers x 2,500 operations (20,000); ``pytest
+The tree test's CI size is 8 workers x 1,500 operations (12,000); ``pytest
 --soak`` runs 8 x 12,500 (100,000). Sizes are also tunable through environment
 variables: ``PATHLOCK_STRESS_OPS`` (operations per worker of the tree test),
 ``PATHLOCK_STRESS_COUNTER_OPS`` (grants per worker of the counter test),
@@ -46,7 +46,7 @@ from sqlalchemy import Engine, text
 from pathlock import CustomerLocks, Lease, LockTimeout, PathLockManager
 
 WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "8"))
-TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "2500"))
+TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "1500"))
 SOAK_OPS = 12_500  # per worker with --soak: 100,000 operations in all
 COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "200"))
 SEED = int(os.environ.get("PATHLOCK_STRESS_SEED", str(secrets.randbelow(2**32))))
@@ -364,6 +364,26 @@ def _hold_briefly(rng: random.Random) -> None:
     time.sleep(rng.uniform(0.0, 0.003))
 
 
+def hold_record(
+    lease: Lease,
+    worker: int,
+    t_start: float,
+    t_end: float,
+    exclusive: Sequence[str],
+    shared: Sequence[str],
+) -> dict[str, Any]:
+    """What the checker needs of one hold (see :meth:`Hold.from_record`)."""
+    return {
+        "t_start": t_start,
+        "t_end": t_end,
+        "worker": worker,
+        "lease_id": lease.lease_id,
+        "token": lease.fencing_token,
+        "paths": [[path, "exclusive"] for path in exclusive]
+        + [[path, "shared"] for path in shared],
+    }
+
+
 def _one_operation(
     locks: CustomerLocks, rng: random.Random, index: int, stats: Counter[str]
 ) -> dict[str, Any] | None:
@@ -398,13 +418,7 @@ def _one_operation(
         raise AssertionError(f"{lease!r} was not cleanly released (lost={lease.lost})")
     stats["grants"] += 1
     return {
-        "t_start": t_start,
-        "t_end": t_end,
-        "worker": index,
-        "lease_id": lease.lease_id,
-        "token": lease.fencing_token,
-        "paths": [[path, "exclusive"] for path in exclusive]
-        + [[path, "shared"] for path in shared],
+        **hold_record(lease, index, t_start, t_end, exclusive, shared),
         "held": [list(pair) for pair in lease.paths],
         "expected": _effective(
             [(p, "exclusive") for p in exclusive] + [(p, "shared") for p in shared]

@@ -53,6 +53,7 @@ from tests.integration.test_stress import (
     _random_request,
     _start_worker,
     assert_safe,
+    hold_record,
     read_results,
     remaining_rows,
     run_workers,
@@ -158,15 +159,7 @@ def _request(
     if lease is None or t_start is None or t_end is None:
         return None
     stats["grants"] += 1
-    return {
-        "t_start": t_start,
-        "t_end": t_end,
-        "worker": worker,
-        "lease_id": lease.lease_id,
-        "token": lease.fencing_token,
-        "paths": [[path, "exclusive"] for path in exclusive]
-        + [[path, "shared"] for path in shared],
-    }
+    return hold_record(lease, worker, t_start, t_end, exclusive, shared)
 
 
 def _child(spec: WorkerSpec, child: int, manager: PathLockManager, inherited: Lease) -> None:
