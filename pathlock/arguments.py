@@ -115,6 +115,20 @@ examples:
 With --sql nothing connects: the URL only names the SQL dialect to print.
 """
 
+DB_EPILOG = """\
+examples:
+  pathlock db current                     # the revision the database records
+  pathlock db check || pathlock db upgrade
+  pathlock db upgrade --database-url mysql+pymysql://admin@db-host/app
+  pathlock db upgrade --sql --database-url mysql+pymysql://db-host/app > pathlock.sql
+  pathlock db stamp 0004                  # tables made by hand: record their revision
+  pathlock db downgrade 0003
+
+`db check` exits 0 when the database is at the newest revision this pathlock
+ships, 1 otherwise. With --sql nothing connects: the URL only names the SQL
+dialect to print.
+"""
+
 BENCH_EPILOG = (
     f"""\
 examples:
@@ -389,7 +403,7 @@ def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         "db",
         help="manage pathlock's tables",
         description="Manage pathlock's tables.",
-        epilog=DB_UPGRADE_EPILOG,
+        epilog=DB_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = db.add_subparsers(title="actions", required=True, metavar="ACTION")
@@ -400,10 +414,50 @@ def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         epilog=DB_UPGRADE_EPILOG,
     )
     parser.set_defaults(subcommand="db upgrade")
-    parser.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    _sql_option(parser)
     parser.add_argument(
         "--revision", default="head", metavar="REV", help="target revision (default: head)"
     )
+    parser = _subcommand(
+        actions,
+        "downgrade",
+        summary="downgrade pathlock's tables to an older revision",
+        epilog=DB_EPILOG,
+    )
+    parser.set_defaults(subcommand="db downgrade")
+    _sql_option(parser)
+    parser.add_argument(
+        "revision",
+        metavar="REV",
+        help="target revision (base: drop the tables; with --sql, FROM:TO)",
+    )
+    parser = _subcommand(
+        actions,
+        "current",
+        summary="print the revision the database records",
+        epilog=DB_EPILOG,
+    )
+    parser.set_defaults(subcommand="db current")
+    parser = _subcommand(
+        actions,
+        "check",
+        summary="exit 0 if the database is at the newest revision, 1 if not",
+        epilog=DB_EPILOG,
+    )
+    parser.set_defaults(subcommand="db check")
+    parser = _subcommand(
+        actions,
+        "stamp",
+        summary="record a revision as the database's without migrating",
+        epilog=DB_EPILOG,
+    )
+    parser.set_defaults(subcommand="db stamp")
+    _sql_option(parser)
+    parser.add_argument("revision", metavar="REV", help="the revision the tables are at (or head)")
+
+
+def _sql_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
 
 
 def _add_bench(subparsers: argparse._SubParsersAction[_Parser]) -> None:

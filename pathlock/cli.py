@@ -173,13 +173,92 @@ def _reaper(args: argparse.Namespace) -> int:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    from pathlock import migrate  # noqa: PLC0415 - Alembic is slow to import; only this needs it
+    from pathlock import migrate  # noqa: PLC0415 - Alembic is slow to import; only db needs it
 
     url = _first_url(args) or default_database_url()
-    migrate.upgrade(url, sql=args.sql, revision=args.revision, output=sys.stdout)
-    if not args.sql:
-        _write(f"pathlock db upgrade: the database is at revision {args.revision}")
+    if args.sql:
+        migrate.upgrade(url, sql=True, revision=args.revision, output=sys.stdout)
+        return EXIT_OK
+    before = migrate.current(url)
+    migrate.upgrade(url, revision=args.revision, output=sys.stdout)
+    after = migrate.current(url)
+    if before == after:
+        _write(f"pathlock db upgrade: already at revision {after}; nothing to do")
+    else:
+        _write(f"pathlock db upgrade: upgraded from revision {before or 'none'} to {after}")
     return EXIT_OK
+
+
+def _db_downgrade(args: argparse.Namespace) -> int:
+    from pathlock import migrate  # noqa: PLC0415
+
+    url = _first_url(args) or default_database_url()
+    if args.sql:
+        migrate.downgrade(url, sql=True, revision=args.revision, output=sys.stdout)
+        return EXIT_OK
+    before = migrate.current(url)
+    migrate.downgrade(url, revision=args.revision, output=sys.stdout)
+    after = migrate.current(url)
+    if before == after:
+        _write(f"pathlock db downgrade: already at revision {after or 'none'}; nothing to do")
+    else:
+        _write(f"pathlock db downgrade: downgraded from revision {before} to {after or 'none'}")
+    return EXIT_OK
+
+
+def _db_stamp(args: argparse.Namespace) -> int:
+    from pathlock import migrate  # noqa: PLC0415
+
+    url = _first_url(args) or default_database_url()
+    migrate.stamp(url, revision=args.revision, sql=args.sql, output=sys.stdout)
+    if not args.sql:
+        _write(f"pathlock db stamp: the database records revision {migrate.current(url)}")
+    return EXIT_OK
+
+
+def _schema_state(url: str) -> tuple[str | None, str | None, str]:
+    """The database's revision, the newest shipped, and a sentence on them."""
+    from pathlock import migrate  # noqa: PLC0415
+
+    current, head = migrate.current(url), migrate.head_revision()
+    if current == head:
+        return current, head, f"at revision {current}, the newest this pathlock ships"
+    if current is None:
+        return (
+            current,
+            head,
+            (
+                "no revision recorded; `pathlock db upgrade` creates the tables "
+                f"(revision {head}), or, for tables made by hand, "
+                "`pathlock db stamp REV` records theirs"
+            ),
+        )
+    if migrate.is_known(current):
+        return (
+            current,
+            head,
+            (f"at revision {current}, behind this pathlock's {head}: run `pathlock db upgrade`"),
+        )
+    return (
+        current,
+        head,
+        (
+            f"at revision {current}, which this pathlock does not know (it ships up to {head}): "
+            "a newer pathlock migrated it"
+        ),
+    )
+
+
+def _db_current(args: argparse.Namespace) -> int:
+    _, _, state = _schema_state(_first_url(args) or default_database_url())
+    _write(state)
+    return EXIT_OK
+
+
+def _db_check(args: argparse.Namespace) -> int:
+    current, head, state = _schema_state(_first_url(args) or default_database_url())
+    _write(state)
+    return EXIT_OK if current == head else EXIT_ERROR
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -207,6 +286,10 @@ _SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "reap": _reap,
     "reaper": _reaper,
     "db upgrade": _db_upgrade,
+    "db downgrade": _db_downgrade,
+    "db current": _db_current,
+    "db check": _db_check,
+    "db stamp": _db_stamp,
     "bench": _bench,
 }
 

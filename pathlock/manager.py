@@ -43,7 +43,7 @@ from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
 from pathlock.records import GrantRequest
 from pathlock.routing import Router
-from pathlock.schema import metadata
+from pathlock.schema import create_tables
 from pathlock.settling import InDoubt
 from pathlock.store import Store
 from pathlock.types import LockInfo, Owner, WaiterInfo
@@ -287,10 +287,13 @@ class PathLockManager:
 
     def create_schema(self) -> None:
         """Create the tables that do not exist yet (quick starts and tests;
-        production runs the Alembic migrations). Never alters existing tables."""
+        production runs the Alembic migrations). Never alters existing tables.
+        On a database without pathlock's tables it also records their revision,
+        as the migrations would, so ``pathlock db upgrade`` afterwards has
+        nothing to do. Safe to call from many processes at once."""
         with self._call("create the schema"):
             try:
-                metadata.create_all(self.engine)
+                create_tables(self.engine)
             except SQLAlchemyError as error:
                 raise BackendError("creating the schema", error) from error
 

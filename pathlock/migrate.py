@@ -16,12 +16,16 @@ from typing import TextIO
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
 from alembic.util import CommandError
-from sqlalchemy import Connection
+from sqlalchemy import Connection, create_engine
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
 
 from pathlock.errors import BackendError, PathLockError
+from pathlock.schema import VERSION_TABLE
 
 
 def script_location() -> Path:
@@ -71,7 +75,71 @@ def upgrade(
         raise BackendError("migrating the schema", error) from error
 
 
+def stamp(
+    url: str | None = None,
+    *,
+    revision: str = "head",
+    sql: bool = False,
+    output: TextIO | None = None,
+) -> None:
+    """Record ``revision`` as the database's without running any migration
+    (for tables created or altered by hand); with ``sql``, print the SQL."""
+    config = alembic_config(url, output=output)
+    try:
+        command.stamp(config, revision, sql=sql)
+    except CommandError as error:
+        raise PathLockError(f"stamping failed: {error}") from error
+    except SQLAlchemyError as error:
+        raise BackendError("recording the schema's revision", error) from error
+
+
+def downgrade(
+    url: str | None = None,
+    *,
+    revision: str,
+    sql: bool = False,
+    output: TextIO | None = None,
+) -> None:
+    """Downgrade the database to ``revision`` (``base``: drop every table);
+    with ``sql``, print the SQL instead of running it (``revision`` must then
+    be ``FROM:TO``, as Alembic wants it offline)."""
+    config = alembic_config(url, output=output)
+    try:
+        command.downgrade(config, revision, sql=sql)
+    except CommandError as error:
+        raise PathLockError(f"migration failed: {error}") from error
+    except SQLAlchemyError as error:
+        raise BackendError("migrating the schema", error) from error
+
+
+def current(url: str) -> str | None:
+    """The revision the database records (``None``: none recorded)."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return recorded_revision(connection)
+    except SQLAlchemyError as error:
+        raise BackendError("reading the schema's revision", error) from error
+    finally:
+        engine.dispose()
+
+
+def recorded_revision(connection: Connection) -> str | None:
+    """The revision recorded in pathlock's version table (``None``: none)."""
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
 @functools.cache
 def head_revision() -> str | None:
     """The newest revision this installation ships."""
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def is_known(revision: str) -> bool:
+    """Whether this installation ships ``revision``."""
+    script = ScriptDirectory.from_config(alembic_config())
+    try:
+        return script.get_revision(revision) is not None
+    except (CommandError, RevisionError):
+        return False

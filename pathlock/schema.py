@@ -3,7 +3,7 @@
 Alembic's ``migrations/env.py`` points ``target_metadata`` at :data:`metadata`,
 and a test proves the migrated schema equals it. The library never changes a
 schema on its own: ``PathLockManager.create_schema()`` is an explicit call for
-quick starts and tests; production runs the migrations.
+quick starts and tests (:func:`create_tables`); production runs the migrations.
 """
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
+    inspect,
+    select,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Engine
 from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.compiler import DDLCompiler
@@ -214,3 +219,51 @@ def compare_server_default(
     if rendered_metadata_default == "" and inspected_default == "''":
         return False
     return None
+
+
+# Alembic's version table, as Alembic creates it: create_schema() records the
+# revision it made, so that `pathlock db upgrade` afterwards finds nothing to do.
+version_table = Table(
+    VERSION_TABLE,
+    MetaData(),
+    Column("version_num", String(32), nullable=False),
+    PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
+)
+
+_RACES = 5  # create_tables() attempts while other processes create the same tables
+_TABLE_EXISTS = 1050
+_DUPLICATE_ENTRY = 1062
+
+
+def create_tables(engine: Engine) -> None:
+    """Create pathlock's tables that do not exist yet (``create_schema()``).
+    If none existed, record :data:`REVISION` as the database's revision, as
+    the migrations would. Never alters an existing table. Safe to call from
+    many processes at once: a table or a revision another process created in
+    the meantime is taken as created."""
+    with engine.connect() as connection:
+        fresh = not set(inspect(connection).get_table_names()) & set(metadata.tables)
+        connection.rollback()
+    for attempt in range(1, _RACES + 1):
+        try:
+            with engine.begin() as connection:
+                metadata.create_all(connection)
+                if fresh:
+                    version_table.create(connection, checkfirst=True)
+                    recorded = connection.execute(select(version_table.c.version_num)).first()
+                    if recorded is None:
+                        connection.execute(version_table.insert().values(version_num=REVISION))
+        except DBAPIError as error:
+            if attempt == _RACES or not _lost_a_race(error):
+                raise
+        else:
+            return
+
+
+def _lost_a_race(error: DBAPIError) -> bool:
+    """Another process created the table (or recorded the revision) first."""
+    args = getattr(error.orig, "args", ())
+    if args and args[0] in (_TABLE_EXISTS, _DUPLICATE_ENTRY):
+        return True
+    message = str(error.orig)
+    return "already exists" in message or "UNIQUE constraint failed" in message

@@ -556,7 +556,17 @@ def test_db_upgrade_sql_prints_the_schema(database_url: str) -> None:
 
 @pytest.mark.parametrize(
     "subcommand",
-    [[], ["lock"], ["ls"], ["release"], ["reap"], ["reaper"], ["db"], ["db", "upgrade"]],
+    [
+        [],
+        ["lock"],
+        ["ls"],
+        ["release"],
+        ["reap"],
+        ["reaper"],
+        ["db"],
+        ["db", "upgrade"],
+        ["db", "check"],
+    ],
 )
 def test_help_shows_examples(subcommand: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:

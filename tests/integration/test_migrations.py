@@ -7,6 +7,7 @@ touched.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import secrets
 import subprocess
@@ -35,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
+from pathlock import PathLockManager, cli
 from pathlock.schema import REVISION, compare_server_default, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -335,4 +337,112 @@ def test_url_from_ini(empty_db_url: URL, monkeypatch: pytest.MonkeyPatch) -> Non
 
     command.upgrade(config, "head")
 
+    assert _versions(empty_db_url) == [REVISION]
+
+
+# -- the schema's lifecycle from the command line and create_schema() ---------------
+
+
+def _db(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """Run ``pathlock db ...`` in this process: its exit status and output."""
+    status = cli.main(["db", *args])
+    return status, capsys.readouterr().out.strip()
+
+
+def test_db_commands_walk_the_revisions(
+    empty_db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = ("--database-url", _url_text(empty_db_url))
+    status, out = _db(capsys, "current", *url)
+    assert (status, out.split(";")[0]) == (0, "no revision recorded")
+    assert _db(capsys, "check", *url)[0] == 1
+
+    assert _db(capsys, "upgrade", "--revision", "0002", *url) == (
+        0,
+        "pathlock db upgrade: upgraded from revision none to 0002",
+    )
+    status, out = _db(capsys, "check", *url)
+    assert status == 1
+    assert out == f"at revision 0002, behind this pathlock's {REVISION}: run `pathlock db upgrade`"
+
+    assert _db(capsys, "upgrade", *url) == (
+        0,
+        f"pathlock db upgrade: upgraded from revision 0002 to {REVISION}",
+    )
+    assert _db(capsys, "upgrade", *url) == (
+        0,
+        f"pathlock db upgrade: already at revision {REVISION}; nothing to do",
+    )
+    assert _db(capsys, "check", *url) == (
+        0,
+        f"at revision {REVISION}, the newest this pathlock ships",
+    )
+    assert _db(capsys, "downgrade", "0003", *url) == (
+        0,
+        f"pathlock db downgrade: downgraded from revision {REVISION} to 0003",
+    )
+    assert _versions(empty_db_url) == ["0003"]
+    assert _db(capsys, "downgrade", "base", *url) == (
+        0,
+        "pathlock db downgrade: downgraded from revision 0003 to none",
+    )
+    assert _table_names(empty_db_url) == {VERSION_TABLE}
+
+
+def test_db_stamp_records_a_revision_and_check_refuses_an_unknown_one(
+    empty_db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = ("--database-url", _url_text(empty_db_url))
+    command.upgrade(_config(empty_db_url), "0003")
+    assert _db(capsys, "stamp", "0003", *url) == (
+        0,
+        "pathlock db stamp: the database records revision 0003",
+    )
+    engine = create_engine(empty_db_url, poolclass=NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '9999'")
+    engine.dispose()
+    status, out = _db(capsys, "check", *url)
+    assert status == 1
+    assert out.startswith("at revision 9999, which this pathlock does not know"), out
+
+
+def test_create_schema_records_its_revision(
+    empty_db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The quick start's create_schema(), then the production command: the
+    second finds nothing to do (it used to fail with 1050, table exists)."""
+    with PathLockManager(_url_text(empty_db_url), heartbeat=False) as manager:
+        manager.create_schema()
+        manager.create_schema()  # again: nothing changes
+    assert _versions(empty_db_url) == [REVISION]
+    url = ("--database-url", _url_text(empty_db_url))
+    assert _db(capsys, "upgrade", *url) == (
+        0,
+        f"pathlock db upgrade: already at revision {REVISION}; nothing to do",
+    )
+    # And it is the schema the migrations make.
+    assert _differences(empty_db_url) == []
+
+
+def _create_schema_at_once(url: str, barrier: Any) -> None:
+    manager = PathLockManager(url, heartbeat=False)
+    barrier.wait(60)
+    manager.create_schema()
+    manager.close()
+
+
+def test_create_schema_from_many_processes_at_once(empty_db_url: URL) -> None:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(6)
+    processes = [
+        context.Process(target=_create_schema_at_once, args=(_url_text(empty_db_url), barrier))
+        for _ in range(6)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [process.exitcode for process in processes] == [0] * 6
+    assert _table_names(empty_db_url) == {*TABLES, VERSION_TABLE}
     assert _versions(empty_db_url) == [REVISION]
