@@ -21,6 +21,7 @@ from pathlock.errors import (
     ManagerClosed,
     PathLockError,
     RequestTooLarge,
+    SchemaMismatch,
 )
 from pathlock.lease import Lease
 from pathlock.manager import PathLockManager
@@ -48,6 +49,7 @@ __all__ = [
     "PathLockManager",
     "RequestTooLarge",
     "ReverseExponentialBackoff",
+    "SchemaMismatch",
     "WaitPolicy",
     "WaiterInfo",
 ]

@@ -194,6 +194,26 @@ class ManagerClosed(PathLockError, RuntimeError):
         super().__init__(f"this PathLockManager is closed{detail}")
 
 
+class SchemaMismatch(PathLockError):
+    """The database records a revision of pathlock's tables other than the one
+    this pathlock was made for: older (run ``pathlock db upgrade``) or newer
+    (a newer pathlock migrated it). Raised by the :class:`PathLockManager`
+    constructor, before anything is locked."""
+
+    def __init__(self, recorded: str, expected: str, known: bool) -> None:
+        self._args = (recorded, expected, known)
+        self.recorded = recorded
+        self.expected = expected
+        if known:
+            advice = "run `pathlock db upgrade` (or the Alembic migrations) first"
+        else:
+            advice = "a newer pathlock migrated it: use that version, or downgrade the database"
+        super().__init__(
+            f"pathlock's tables are at revision {recorded}, and this pathlock needs "
+            f"{expected}: {advice}"
+        )
+
+
 class BackendError(PathLockError):
     """The database failed in a way pathlock could not retry past: a transient
     error (deadlock, lock-wait timeout, lost connection) that persisted through

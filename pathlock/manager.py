@@ -37,13 +37,14 @@ from pathlock.errors import (
     LockTimeout,
     ManagerClosed,
     PathLockError,
+    SchemaMismatch,
 )
 from pathlock.heartbeat import Heartbeat, Stragglers
 from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
 from pathlock.records import GrantRequest
 from pathlock.routing import Router
-from pathlock.schema import create_tables
+from pathlock.schema import REVISION, REVISIONS, create_tables
 from pathlock.settling import InDoubt
 from pathlock.store import Store
 from pathlock.types import LockInfo, Owner, WaiterInfo
@@ -70,6 +71,8 @@ threads before it disposes the engine (within :data:`CLOSE_TIME`)."""
 # and could not hand the customer to a renewal of its own (one is running, or
 # every slot is taken) tries that customer again this soon (at most ttl/20).
 _SKIPPED_RETRY = 0.05
+SCHEMA_CHECK_TIME = 2.0
+"""Seconds the constructor spends at most checking the tables' revision."""
 STRAGGLERS = 4
 """Renewals of customers whose row another transaction held when their round
 came (see :class:`pathlock.heartbeat.Stragglers`) that may wait at once."""
@@ -214,6 +217,7 @@ class PathLockManager:
                 Router([engine for engine, _ in renewal], affinity=affinity),
                 max_attempts=max_attempts,
             )
+            self._check_schema()
             if cleanup_on_start:
                 self._clean_up_node()
         except PathLockError:
@@ -225,6 +229,21 @@ class PathLockManager:
         self._close_done = False
         self._start_process_state()
         lifecycle.track(self)
+
+    def _check_schema(self) -> None:
+        """Refuse tables at another revision than this pathlock's (an older one
+        may lock wrongly: at 0002, trailing spaces did not count). Tables that
+        carry no revision, or none yet, pass; so does a database that does not
+        answer within :data:`SCHEMA_CHECK_TIME` (its calls will say so)."""
+        if self.engine.dialect.name == "sqlite":
+            return  # upgraded when opened
+        try:
+            recorded = self._store.recorded_revision(time.monotonic() + SCHEMA_CHECK_TIME)
+        except BackendError as error:
+            log.debug("could not check the schema's revision: %s", error)
+            return
+        if recorded is not None and recorded != REVISION:
+            raise SchemaMismatch(recorded, REVISION, recorded in REVISIONS)
 
     def _start_process_state(self) -> None:
         """Everything that belongs to one process: the owner identity, the

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 REVISION = "0004"
 """The Alembic revision these tables correspond to (a test checks it is the
 newest one shipped): lets a SQLite database be checked without loading Alembic."""
+REVISIONS = ("0001", "0002", "0003", "0004")
+"""Every revision shipped, oldest first (a test checks them against the
+migrations): a recorded revision not among them was made by a newer pathlock."""
 VERSION_TABLE = "pathlock_alembic_version"
 
 # Deterministic constraint names, so migrations can refer to them.

@@ -62,7 +62,11 @@ def is_node_failure(error: DBAPIError) -> bool:
 _NO_SUCH_TABLE = 1146
 
 
+def is_missing_table(error: DBAPIError) -> bool:
+    return error_code(error) == _NO_SUCH_TABLE or "no such table" in str(error.orig)
+
+
 def hint(error: DBAPIError) -> str:
-    if error_code(error) == _NO_SUCH_TABLE or "no such table" in str(error.orig):
+    if is_missing_table(error):
         return "the pathlock tables are missing: run the migrations or manager.create_schema()"
     return ""

@@ -9,9 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Delete, Select, select
+from sqlalchemy.exc import DBAPIError
 
 from pathlock.records import as_utc, lock_info, waiter_info
-from pathlock.schema import path_lock_waiters, path_locks
+from pathlock.schema import path_lock_waiters, path_locks, version_table
 from pathlock.statements import (
     LEASE_CUSTOMER,
     LOCK_COLUMNS,
@@ -24,6 +25,7 @@ from pathlock.statements import (
     now,
 )
 from pathlock.transactions import Transactions
+from pathlock.transient import is_missing_table
 from pathlock.types import LockInfo, WaiterInfo
 
 
@@ -74,6 +76,24 @@ class Upkeep(Transactions):
         return self._run("listing waiters", attempt, read_only=True, customer_id=customer_id)
 
     # -- operators and the reaper ------------------------------------------------
+
+    def recorded_revision(self, deadline: float) -> str | None:
+        """The revision of pathlock's tables the database records (``None``:
+        none, or no version table), by the monotonic time ``deadline``."""
+
+        def attempt(connection: Connection, _number: int) -> str | None:
+            try:
+                revision = connection.execute(select(version_table.c.version_num)).scalar()
+            except DBAPIError as error:
+                if not is_missing_table(error):
+                    raise
+                revision = None
+            connection.rollback()
+            return revision
+
+        return self._run(
+            "checking the schema's revision", attempt, read_only=True, deadline=deadline
+        )
 
     def lease_customer(self, lease_id: str) -> int | None:
         """The customer whose rows carry ``lease_id``, or ``None``."""

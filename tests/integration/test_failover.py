@@ -201,6 +201,7 @@ def test_affinity_keeps_a_customer_on_its_home_node(nodes: list[str]) -> None:
         homes = {manager._store.home(customer_id) for customer_id in range(1, 50)}
         assert len(homes) == 2  # customers spread over both
         customer_id = next(c for c in range(1, 50) if manager._store.home(c).startswith("local"))
+        manager.engines[0].dispose()  # the schema check at construction went to the first node
         with manager.for_customer(customer_id).lock_paths("/a") as lease:
             # The grant went through "localhost": its connection is the one in that pool.
             assert manager.engines[1].pool.checkedin() >= 1  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import (
     URL,
     Column,
@@ -36,8 +37,8 @@ from sqlalchemy import (
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
-from pathlock import PathLockManager, cli
-from pathlock.schema import REVISION, compare_server_default, metadata
+from pathlock import PathLockManager, SchemaMismatch, cli, migrate
+from pathlock.schema import REVISION, REVISIONS, compare_server_default, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic.ini"
@@ -446,3 +447,27 @@ def test_create_schema_from_many_processes_at_once(empty_db_url: URL) -> None:
     assert [process.exitcode for process in processes] == [0] * 6
     assert _table_names(empty_db_url) == {*TABLES, VERSION_TABLE}
     assert _versions(empty_db_url) == [REVISION]
+
+
+def test_every_shipped_revision_is_known_to_the_library() -> None:
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    shipped = [revision.revision for revision in script.walk_revisions("base", "heads")]
+    assert tuple(reversed(shipped)) == REVISIONS
+    assert REVISIONS[-1] == REVISION
+
+
+def test_a_manager_refuses_tables_at_another_revision(empty_db_url: URL) -> None:
+    url = _url_text(empty_db_url)
+    # No tables yet: create_schema() comes next.
+    PathLockManager(url, heartbeat=False).close()
+    command.upgrade(_config(empty_db_url), "0003")
+    with pytest.raises(SchemaMismatch, match=r"revision 0003.*run `pathlock db upgrade`"):
+        PathLockManager(url, heartbeat=False)
+    command.upgrade(_config(empty_db_url), "head")
+    PathLockManager(url, heartbeat=False).close()
+    engine = create_engine(empty_db_url, poolclass=NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '9999'")
+    engine.dispose()
+    with pytest.raises(SchemaMismatch, match="a newer pathlock migrated it"):
+        PathLockManager(url, heartbeat=False)
