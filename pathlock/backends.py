@@ -131,7 +131,9 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
         }
         try:
             engine = create_engine(url, **options)
-        except (SQLAlchemyError, ValueError, ImportError) as error:
+        except ImportError as error:
+            raise BackendError("creating the database engine", error, _driver_hint(url)) from error
+        except (SQLAlchemyError, ValueError) as error:
             raise BackendError("creating the database engine", error) from error
         batch.allow_batches(engine)
         if engine.dialect.driver == "pymysql":
@@ -143,6 +145,16 @@ def open_engine(database: object, engine_options: dict[str, Any]) -> tuple[Engin
     raise ArgumentTypeError(
         f"database must be a URL string, a sqlalchemy URL, an Engine or None, got {kind}"
     )
+
+
+def _driver_hint(url: URL) -> str:
+    """What to write instead of a URL whose driver is not installed."""
+    if url.get_backend_name() in ("mysql", "mariadb") and url.get_driver_name() != "pymysql":
+        return (
+            f"pathlock talks to MySQL and MariaDB through PyMySQL: write "
+            f"{url.get_backend_name()}+pymysql://... instead of {url.drivername}://..."
+        )
+    return ""
 
 
 def open_engines(database: object, engine_options: dict[str, Any]) -> list[tuple[Engine, bool]]:

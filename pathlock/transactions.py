@@ -233,7 +233,10 @@ class Transactions:
     def _failure_delay(self, action: str, error: DBAPIError, failures: int) -> float:
         if failures >= self.max_attempts:
             raise BackendError(
-                action, error, f"transient error persisted through {failures} attempts"
+                action,
+                error,
+                f"transient error persisted through {failures} "
+                + ("attempt" if failures == 1 else "attempts"),
             ) from error
         delay: float = self.retry_delay * 2 ** (failures - 1) * random.uniform(0.5, 1.5)  # noqa: S311
         log.warning(

@@ -68,5 +68,8 @@ def is_missing_table(error: DBAPIError) -> bool:
 
 def hint(error: DBAPIError) -> str:
     if is_missing_table(error):
-        return "the pathlock tables are missing: run the migrations or manager.create_schema()"
+        return (
+            "the pathlock tables are missing: run `pathlock db upgrade` (or the Alembic "
+            "migrations, or manager.create_schema())"
+        )
     return ""

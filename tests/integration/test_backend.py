@@ -163,7 +163,7 @@ def empty_database(mariadb_url: str) -> Iterator[str]:
 
 def test_missing_tables_give_a_clear_error(empty_database: str) -> None:
     with PathLockManager(empty_database) as manager:
-        with pytest.raises(BackendError, match="migrations"):
+        with pytest.raises(BackendError, match="run `pathlock db upgrade`"):
             manager.for_customer(1).lock_paths("/a")
         manager.create_schema()
         manager.create_schema()  # idempotent
@@ -230,6 +230,22 @@ def test_unreachable_server_is_a_backend_error(customer_id: int) -> None:
         pytest.raises(BackendError, match="2 attempts"),
     ):
         manager.for_customer(customer_id).lock_paths("/a")
+
+
+def test_a_single_failure_says_attempt(customer_id: int) -> None:
+    url = "mysql+pymysql://root@127.0.0.1:9/test"
+    with (
+        PathLockManager(url, max_attempts=1) as manager,
+        pytest.raises(BackendError, match=r"persisted through 1 attempt(?!s)"),
+    ):
+        manager.for_customer(customer_id).lock_paths("/a")
+
+
+@pytest.mark.parametrize("scheme", ["mysql", "mariadb", "mysql+mysqldb"])
+def test_a_url_without_an_installed_driver_names_pymysql(scheme: str) -> None:
+    backend = scheme.split("+", maxsplit=1)[0]
+    with pytest.raises(BackendError, match=rf"write {backend}\+pymysql://\.\.\. instead"):
+        PathLockManager(f"{scheme}://root@127.0.0.1/test")
 
 
 def test_bad_constructor_arguments() -> None:
