@@ -78,6 +78,12 @@ STRAGGLERS = 4
 came (see :class:`pathlock.heartbeat.Stragglers`) that may wait at once."""
 
 
+def _several(database: object) -> bool:
+    """Whether ``database`` names several nodes (see :func:`open_engines`)."""
+    listed = isinstance(database, (list, tuple)) and not isinstance(database, URL)
+    return listed and len(database) > 1  # type: ignore[arg-type]
+
+
 def _renewal_rows(leases: list[Lease]) -> list[tuple[int, str, int]]:
     return [(lease.customer_id, lease.lease_id, len(lease.paths)) for lease in leases]
 
@@ -123,7 +129,9 @@ class PathLockManager:
     the first one. On a Galera node, pathlock's own engines turn on causal
     reads (``wsrep_sync_wait``) unless the server already has them on.
 
-    Options (keyword-only):
+    Options (keyword-only), checked here (:class:`ArgumentTypeError` for a
+    wrong type, :class:`InvalidArgument` for a wrong value) and read-only
+    afterwards:
 
     - ``node_id``: this app server's name, stored with every lock for operators
       and node clean-up; default: the host name.
@@ -156,7 +164,7 @@ class PathLockManager:
       home node of its own (rendezvous hashing over the nodes' addresses,
       with failover) instead of every operation to the first healthy node: a
       customer's conflicts stay row-lock waits on one node, and customers
-      spread over the nodes.
+      spread over the nodes. With one database it is refused.
     - ``engine_options``: extra keyword arguments for ``create_engine`` (for
       every node).
     """
@@ -188,8 +196,8 @@ class PathLockManager:
                 "process uses (the default, the host name, is shared by all "
                 "processes on this host)"
             )
-        self.node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
-        self.ttl = validation.ttl(ttl)
+        self._node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
+        self._ttl = validation.ttl(ttl)
         for name, flag in (
             ("case_insensitive", case_insensitive),
             ("heartbeat", heartbeat),
@@ -197,8 +205,19 @@ class PathLockManager:
         ):
             if not isinstance(flag, bool):
                 raise ArgumentTypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        self.case_insensitive = case_insensitive
-        self.backoff: WaitPolicy = ExponentialBackoff() if backoff is None else backoff
+        if affinity and not _several(database):
+            raise InvalidArgument(
+                "affinity=True chooses among the nodes of a cluster: give several "
+                "database nodes, or leave it off with one database"
+            )
+        self._case_insensitive = case_insensitive
+        policy = ExponentialBackoff() if backoff is None else backoff
+        self._backoff: WaitPolicy = validation.wait_policy(policy)
+        if on_lost is not None and not callable(on_lost):
+            raise ArgumentTypeError(
+                f"on_lost must be a function that takes the lost Lease, or None; "
+                f"got {type(on_lost).__name__}"
+            )
         validation.positive_int("max_attempts", max_attempts)
         self._wakeups = LocalWakeups()
         opened = open_engines(database, dict(engine_options or {}))
@@ -229,6 +248,28 @@ class PathLockManager:
         self._close_done = False
         self._start_process_state()
         lifecycle.track(self)
+
+    # Read-only: the manager's leases, waiters and renewals were made with them.
+
+    @property
+    def node_id(self) -> str:
+        """This app server's name, stored with every lock."""
+        return self._node_id
+
+    @property
+    def ttl(self) -> float:
+        """The default lease duration in seconds."""
+        return self._ttl
+
+    @property
+    def case_insensitive(self) -> bool:
+        """Whether paths are case-folded."""
+        return self._case_insensitive
+
+    @property
+    def backoff(self) -> WaitPolicy:
+        """How a blocked request paces its checks."""
+        return self._backoff
 
     def _check_schema(self) -> None:
         """Refuse tables at another revision than this pathlock's (an older one

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from pathlock.errors import ArgumentTypeError, InvalidArgument
 from pathlock.schema import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
@@ -122,6 +123,23 @@ def lease_id(value: object) -> str:
     if not _LEASE_ID.fullmatch(value):
         raise InvalidArgument(
             f"lease_id must be {LEASE_ID_LENGTH} lowercase hexadecimal digits, got {value!r}"
+        )
+    return value
+
+
+def wait_policy(value: object) -> Any:
+    """A wait policy: ``start()`` returns an object whose ``next()`` gives
+    seconds (see :class:`pathlock.WaitPolicy`); checked by calling ``start()``
+    once, which has no side effects for the policies pathlock ships."""
+    start = getattr(value, "start", None)
+    try:
+        sequence = start() if callable(start) else None
+    except TypeError:  # a class given for its instance, say
+        sequence = None
+    if not callable(getattr(sequence, "next", None)):
+        raise ArgumentTypeError(
+            "backoff must be a wait policy, such as ExponentialBackoff(): an object whose "
+            f"start() returns an object with next() -> seconds; got {type(value).__name__}"
         )
     return value
 

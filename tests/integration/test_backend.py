@@ -16,11 +16,19 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
-from pathlock import BackendError, InvalidArgument, PathLockManager, batch
+from pathlock import (
+    ArgumentTypeError,
+    BackendError,
+    ExponentialBackoff,
+    InvalidArgument,
+    PathLockManager,
+    batch,
+)
 from pathlock.backends import URL_ENV_VAR
 from pathlock.schema import REVISION
 from pathlock.statements import BUMP
@@ -257,6 +265,34 @@ def test_bad_constructor_arguments() -> None:
         PathLockManager("mysql+pymysql://root@127.0.0.1/test", ttl=-1)
     with pytest.raises(InvalidArgument, match="node_id"):
         PathLockManager("mysql+pymysql://root@127.0.0.1/test", node_id="")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"backoff": object()}, ArgumentTypeError, "backoff must be a wait policy"),
+        ({"backoff": ExponentialBackoff}, ArgumentTypeError, "backoff must be a wait policy"),
+        ({"on_lost": 42}, ArgumentTypeError, "on_lost must be a function"),
+        ({"affinity": True}, InvalidArgument, "affinity=True chooses among the nodes"),
+    ],
+    ids=["backoff-object", "backoff-class", "on_lost-int", "affinity-one-database"],
+)
+def test_options_are_checked_when_the_manager_is_built(
+    mariadb_url: str, options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """Before, each of these was accepted: the first lock failed with an
+    AttributeError, a lost lease with a TypeError in the callback thread, or
+    affinity was silently ignored."""
+    with pytest.raises(error, match=match):
+        PathLockManager(mariadb_url, **options)
+
+
+def test_settings_cannot_change_after_construction(mariadb_url: str) -> None:
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        for name, value in (("ttl", -5), ("node_id", "x"), ("case_insensitive", True)):
+            with pytest.raises(AttributeError):
+                setattr(manager, name, value)
+        assert manager.ttl == 30.0
 
 
 # -- SQLite, the embedded backend ---------------------------------------------------
