@@ -73,11 +73,30 @@ class InvalidPath(InvalidArgument):
         self._args = (path, problem)
         self.path = path
         self.problem = problem
-        shown = show(path)
-        if len(shown) > _MAX_SHOWN:
-            size = len(path) if isinstance(path, (str, bytes)) else len(shown)
-            shown = shown[: _MAX_SHOWN - 20] + f"...' ({size} characters)"
-        super().__init__(f"invalid path {shown}: {problem}")
+        super().__init__(f"invalid path {_shown(path)}: {problem}")
+
+
+def _shown(path: object) -> str:
+    shown = show(path)
+    if len(shown) > _MAX_SHOWN:
+        size = len(path) if isinstance(path, (str, bytes)) else len(shown)
+        shown = shown[: _MAX_SHOWN - 20] + f"...' ({size} characters)"
+    return shown
+
+
+class InvalidPathType(ArgumentTypeError):
+    """A path of the wrong type (``bytes``, ``None``, a number...), or paths
+    given as something other than an iterable of paths (``shared="/a"``): an
+    :class:`ArgumentTypeError` (a ``TypeError``) like every wrong type. A
+    ``str`` or an ``os.PathLike`` whose ``os.fspath()`` is a ``str``
+    (``pathlib.PurePosixPath``) is a path. ``path`` and ``problem`` as for
+    :class:`InvalidPath`."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        self._args = (path, problem)
+        self.path = path
+        self.problem = problem
+        super().__init__(f"invalid path {_shown(path)}: {problem}")
 
 
 class LockTimeout(PathLockError, TimeoutError):

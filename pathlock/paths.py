@@ -10,10 +10,11 @@ any statement runs.
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 
-from pathlock.errors import InvalidPath, RequestTooLarge
+from pathlock.errors import InvalidPath, InvalidPathType, RequestTooLarge
 from pathlock.types import EXCLUSIVE, SHARED, Mode, PathMode
 
 MAX_PATH_LENGTH = 4000
@@ -51,8 +52,10 @@ def normalize(path: object, *, case_insensitive: bool = False) -> str:
     never resolved: a lock manager cannot know what the caller meant by them.
     With ``case_insensitive`` the path is also case-folded.
     """
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)  # a PurePosixPath gives its str
     if not isinstance(path, str):
-        raise InvalidPath(path, f"expected a str, got {type(path).__name__}")
+        raise InvalidPathType(path, f"expected a str or a path object, got {type(path).__name__}")
     if not path:
         raise InvalidPath(path, "empty")
     if len(path) > _MAX_RAW_LENGTH:
@@ -174,8 +177,8 @@ def normalize_request(
     """
     modes: dict[str, Mode] = {}
     for mode, given in ((SHARED, shared), (EXCLUSIVE, exclusive)):
-        if isinstance(given, (str, bytes)) or not _is_iterable(given):
-            raise InvalidPath(given, "expected an iterable of path strings")
+        if isinstance(given, (str, bytes, os.PathLike)) or not _is_iterable(given):
+            raise InvalidPathType(given, "expected an iterable of path strings")
         for raw in given:  # type: ignore[attr-defined]
             modes[normalize(raw, case_insensitive=case_insensitive)] = mode
             # Checked as paths come in: a huge iterable is refused early.

@@ -15,6 +15,7 @@ from pathlock import (
     CustomerLocks,
     DeadlockDetected,
     InvalidPath,
+    InvalidPathType,
     LeaseLost,
     LockTimeout,
     PathLockError,
@@ -204,9 +205,10 @@ def test_case_insensitive_manager_folds_case(database_url: str, customer_id: int
 def test_bad_input_is_rejected_before_anything_is_written(
     locks: CustomerLocks, raw_engine: Engine, bad: object
 ) -> None:
-    with pytest.raises(InvalidPath):
+    refused = InvalidPath if isinstance(bad, str) else InvalidPathType
+    with pytest.raises(refused):
         locks.lock_paths("/fine", bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidPath):
+    with pytest.raises(refused):
         locks.try_lock_paths(shared=["/fine", bad])  # type: ignore[list-item]
     assert _rows(raw_engine, locks.customer_id) == []
     # Not even the sentinel was touched.
@@ -216,7 +218,7 @@ def test_bad_input_is_rejected_before_anything_is_written(
 def test_other_bad_arguments(manager: PathLockManager, locks: CustomerLocks) -> None:
     with pytest.raises(InvalidPath):
         locks.lock_paths()
-    with pytest.raises(InvalidPath):
+    with pytest.raises(InvalidPathType):
         locks.lock_paths(shared="/a")  # a bare string is not a list of paths
     with pytest.raises(TypeError):
         manager.for_customer(True)

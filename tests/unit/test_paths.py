@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 import re
 import unicodedata
+from pathlib import PurePosixPath, PureWindowsPath
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock.errors import InvalidPath, PathLockError
+from pathlock.errors import InvalidPath, InvalidPathType, PathLockError
 from pathlock.paths import (
     LIKE_ESCAPE,
     MAX_PATH_LENGTH,
@@ -186,16 +187,26 @@ def test_normalize_rejects_empty() -> None:
 
 @pytest.mark.parametrize("value", [None, b"/a", 1, ["/a"], ("/a",), 1.5, object()])
 def test_normalize_rejects_non_str(value: object) -> None:
-    with pytest.raises(InvalidPath, match="expected a str") as caught:
+    with pytest.raises(InvalidPathType, match="expected a str") as caught:
         normalize(value)
     assert caught.value.path is value
+    assert isinstance(caught.value, TypeError)
+
+
+def test_a_posix_path_object_is_a_path() -> None:
+    assert normalize(PurePosixPath("/Shared//a/")) == "/Shared/a"
+    with pytest.raises(InvalidPath, match="not absolute"):
+        normalize(PureWindowsPath("/Shared/a"))  # its str is "\\Shared\\a"
 
 
 def test_invalid_path_is_a_value_error_and_a_pathlock_error() -> None:
     with pytest.raises(ValueError, match="invalid path") as caught:
+        normalize("relative")
+    assert isinstance(caught.value, PathLockError)
+    with pytest.raises(TypeError, match="invalid path") as caught:
         normalize(None)
     assert isinstance(caught.value, PathLockError)
-    assert isinstance(caught.value, InvalidPath)
+    assert not isinstance(caught.value, ValueError)  # one family, never both
 
 
 @pytest.mark.parametrize(
@@ -601,27 +612,28 @@ def test_normalize_request_rejects_an_empty_request() -> None:
 
 @pytest.mark.parametrize("bare", ["/a", b"/a", "", "/a/b"])
 def test_normalize_request_rejects_a_bare_string(bare: object) -> None:
-    with pytest.raises(InvalidPath, match="iterable"):
+    with pytest.raises(InvalidPathType, match="iterable"):
         normalize_request([], bare)
-    with pytest.raises(InvalidPath, match="iterable"):
+    with pytest.raises(InvalidPathType, match="iterable"):
         normalize_request(bare, [])
-    with pytest.raises(InvalidPath, match="iterable"):
+    with pytest.raises(InvalidPathType, match="iterable"):
         normalize_request(bare, ["/b"])
 
 
 @pytest.mark.parametrize("value", [None, 1, 1.5, object()])
 def test_normalize_request_rejects_non_iterables(value: object) -> None:
-    with pytest.raises(InvalidPath, match="iterable"):
+    with pytest.raises(InvalidPathType, match="iterable"):
         normalize_request(value, ["/a"])
-    with pytest.raises(InvalidPath, match="iterable"):
+    with pytest.raises(InvalidPathType, match="iterable"):
         normalize_request(["/a"], value)
 
 
 @pytest.mark.parametrize("bad", ["relative", "", "/a/..", "/a\x00", None, b"/a", 3])
 def test_normalize_request_rejects_bad_members(bad: object) -> None:
-    with pytest.raises(InvalidPath):
+    refused = InvalidPath if isinstance(bad, str) else InvalidPathType
+    with pytest.raises(refused):
         normalize_request(["/ok", bad], [])
-    with pytest.raises(InvalidPath):
+    with pytest.raises(refused):
         normalize_request([], ["/ok", bad])
 
 
