@@ -279,11 +279,13 @@ class PathLockManager:
         if self.engine.dialect.name == "sqlite":
             return  # upgraded when opened
         try:
-            recorded = self._store.recorded_revision(time.monotonic() + SCHEMA_CHECK_TIME)
-        except BackendError as error:
+            answered, recorded = self._store.recorded_revision(SCHEMA_CHECK_TIME)
+        except BackendError as error:  # access denied, say: the calls will say so
             log.debug("could not check the schema's revision: %s", error)
             return
-        if recorded is not None and recorded != REVISION:
+        if not answered:
+            log.debug("could not check the schema's revision: no database node answered")
+        elif recorded is not None and recorded != REVISION:
             raise SchemaMismatch(recorded, REVISION, recorded in REVISIONS)
 
     def _start_process_state(self) -> None:

@@ -180,6 +180,22 @@ class Transactions:
                     log.warning("%s: done after %d lost races", action, tries.contention)
                 return result
 
+    def once(
+        self, operation: Callable[[Connection, int], T], *, seconds: float
+    ) -> tuple[bool, T | None]:
+        """Run ``operation`` on the first node that answers, one attempt per
+        node, within ``seconds`` in all: ``(True, result)``, or ``(False,
+        None)`` if no node answered. No retries, no warnings, no node set
+        aside: for checks that are skipped when the database is away."""
+        with deadlines.limit(time.monotonic() + seconds):
+            for node in self.router.order(None):
+                try:
+                    return True, _attempt(node, operation, 1, read_only=True)
+                except DBAPIError as error:
+                    if not is_transient(error):
+                        raise BackendError("checking the database", error) from error
+        return False, None
+
     def _failed_over(self, tries: _Tries, node: Node, error: DBAPIError) -> bool:
         """Set ``node`` aside if ``error`` says it failed; whether to try again
         at once (on another node, or on this one when it turned out to be only

@@ -77,9 +77,9 @@ class Upkeep(Transactions):
 
     # -- operators and the reaper ------------------------------------------------
 
-    def recorded_revision(self, deadline: float) -> str | None:
-        """The revision of pathlock's tables the database records (``None``:
-        none, or no version table), by the monotonic time ``deadline``."""
+    def recorded_revision(self, seconds: float) -> tuple[bool, str | None]:
+        """Whether a node answered within ``seconds``, and the revision of
+        pathlock's tables it records (``None``: none, or no version table)."""
 
         def attempt(connection: Connection, _number: int) -> str | None:
             try:
@@ -91,9 +91,7 @@ class Upkeep(Transactions):
             connection.rollback()
             return revision
 
-        return self._run(
-            "checking the schema's revision", attempt, read_only=True, deadline=deadline
-        )
+        return self.once(attempt, seconds=seconds)
 
     def lease_customer(self, lease_id: str) -> int | None:
         """The customer whose rows carry ``lease_id``, or ``None``."""
