@@ -37,7 +37,7 @@ examples:
   pathlock ls --tree
   pathlock release 5f0c3e0d9b6a4c1e8a2f7d3b1c9e6a40
   pathlock reap --quiet                  # from cron
-  pathlock db upgrade --sql > pathlock.sql
+  pathlock db upgrade --sql --dialect mariadb > pathlock.sql
   pathlock bench --quick --no-report
 
 The database is --database-url URL (e.g. mysql+pymysql://user:password@db-host/app),
@@ -110,9 +110,10 @@ at once.
 DB_UPGRADE_EPILOG = """\
 examples:
   pathlock db upgrade --database-url mysql+pymysql://admin@db-host/app
-  pathlock db upgrade --sql --database-url mysql+pymysql://db-host/app > pathlock.sql
+  pathlock db upgrade --sql --dialect mariadb > pathlock.sql
 
-With --sql nothing connects: the URL only names the SQL dialect to print.
+With --sql nothing connects: --dialect (mysql, mariadb or sqlite), else the
+URL's dialect, says which server the SQL is for.
 """
 
 DB_EPILOG = """\
@@ -120,13 +121,13 @@ examples:
   pathlock db current                     # the revision the database records
   pathlock db check || pathlock db upgrade
   pathlock db upgrade --database-url mysql+pymysql://admin@db-host/app
-  pathlock db upgrade --sql --database-url mysql+pymysql://db-host/app > pathlock.sql
+  pathlock db upgrade --sql --dialect mariadb > pathlock.sql
   pathlock db stamp 0004                  # tables made by hand: record their revision
   pathlock db downgrade 0003
 
 `db check` exits 0 when the database is at the newest revision this pathlock
-ships, 1 otherwise. With --sql nothing connects: the URL only names the SQL
-dialect to print.
+ships, 1 otherwise. With --sql nothing connects: --dialect (mysql, mariadb or
+sqlite), else the URL's dialect, says which server the SQL is for.
 """
 
 BENCH_EPILOG = (
@@ -458,6 +459,12 @@ def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
 
 def _sql_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    parser.add_argument(
+        "--dialect",
+        choices=("mysql", "mariadb", "sqlite"),
+        help="with --sql: the server the SQL is for (default: that of --database-url); "
+        "MySQL and MariaDB need different collations",
+    )
 
 
 def _add_bench(subparsers: argparse._SubParsersAction[_Parser]) -> None:

@@ -22,10 +22,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
+
+from sqlalchemy import make_url
 
 from pathlock import bench, listing
 from pathlock.arguments import EXIT_ERROR, build_parser
-from pathlock.backends import default_database_url
+from pathlock.backends import URL_ENV_VAR, default_database_url
 from pathlock.errors import PathLockError
 from pathlock.manager import PathLockManager
 from pathlock.runner import LockRequest, run_locked
@@ -172,13 +175,46 @@ def _reaper(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# What --sql --dialect prints for: a URL without a server, for the dialect alone.
+_DIALECT_URLS = {
+    "mysql": "mysql+pymysql://",
+    "mariadb": "mariadb+pymysql://",
+    "sqlite": "sqlite://",
+}
+_SQL_HEADERS = {
+    "mysql": "-- pathlock's tables, for MySQL 8.0 and later. For MariaDB, print them with\n"
+    "-- --dialect mariadb (or a mariadb+pymysql:// URL): the collations differ.",
+    "mariadb": "-- pathlock's tables, for MariaDB. For MySQL 8.0, print them with --dialect mysql\n"
+    "-- (or a mysql+pymysql:// URL): the collations differ.",
+    "sqlite": "-- pathlock's tables, for SQLite.",
+}
+
+
+def _sql_url(args: argparse.Namespace) -> str:
+    """The URL whose dialect --sql prints for, after printing which server
+    that is: --dialect, else --database-url or $PATHLOCK_DATABASE_URL; the
+    embedded default is never guessed at."""
+    url = _first_url(args) or os.environ.get(URL_ENV_VAR)
+    usage_error: Callable[[str], NoReturn] = args.usage_error
+    if args.dialect is not None:
+        dialect, url = args.dialect, _DIALECT_URLS[args.dialect]
+    elif url is None:
+        usage_error("--sql needs --dialect or --database-url: which server is the SQL for?")
+    else:
+        dialect = make_url(url).get_backend_name()
+    _write(_SQL_HEADERS.get(dialect, f"-- pathlock's tables, for {dialect}."))
+    return url
+
+
 def _db_upgrade(args: argparse.Namespace) -> int:
     from pathlock import migrate  # noqa: PLC0415 - Alembic is slow to import; only db needs it
 
-    url = _first_url(args) or default_database_url()
+    if args.dialect is not None and not args.sql:
+        args.usage_error("--dialect goes with --sql (a connection knows its server)")
     if args.sql:
-        migrate.upgrade(url, sql=True, revision=args.revision, output=sys.stdout)
+        migrate.upgrade(_sql_url(args), sql=True, revision=args.revision, output=sys.stdout)
         return EXIT_OK
+    url = _first_url(args) or default_database_url()
     before = migrate.current(url)
     migrate.upgrade(url, revision=args.revision, output=sys.stdout)
     after = migrate.current(url)
@@ -192,10 +228,12 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 def _db_downgrade(args: argparse.Namespace) -> int:
     from pathlock import migrate  # noqa: PLC0415
 
-    url = _first_url(args) or default_database_url()
+    if args.dialect is not None and not args.sql:
+        args.usage_error("--dialect goes with --sql (a connection knows its server)")
     if args.sql:
-        migrate.downgrade(url, sql=True, revision=args.revision, output=sys.stdout)
+        migrate.downgrade(_sql_url(args), sql=True, revision=args.revision, output=sys.stdout)
         return EXIT_OK
+    url = _first_url(args) or default_database_url()
     before = migrate.current(url)
     migrate.downgrade(url, revision=args.revision, output=sys.stdout)
     after = migrate.current(url)
@@ -209,10 +247,14 @@ def _db_downgrade(args: argparse.Namespace) -> int:
 def _db_stamp(args: argparse.Namespace) -> int:
     from pathlock import migrate  # noqa: PLC0415
 
+    if args.dialect is not None and not args.sql:
+        args.usage_error("--dialect goes with --sql (a connection knows its server)")
+    if args.sql:
+        migrate.stamp(_sql_url(args), revision=args.revision, sql=True, output=sys.stdout)
+        return EXIT_OK
     url = _first_url(args) or default_database_url()
-    migrate.stamp(url, revision=args.revision, sql=args.sql, output=sys.stdout)
-    if not args.sql:
-        _write(f"pathlock db stamp: the database records revision {migrate.current(url)}")
+    migrate.stamp(url, revision=args.revision, output=sys.stdout)
+    _write(f"pathlock db stamp: the database records revision {migrate.current(url)}")
     return EXIT_OK
 
 

@@ -471,3 +471,60 @@ def test_a_manager_refuses_tables_at_another_revision(empty_db_url: URL) -> None
     engine.dispose()
     with pytest.raises(SchemaMismatch, match="a newer pathlock migrated it"):
         PathLockManager(url, heartbeat=False)
+
+
+def _apply_with_the_client(url: URL, sql: str) -> None:
+    """Apply ``sql`` as a DBA would: with the ``mariadb`` command-line client."""
+    subprocess.run(
+        [
+            "mariadb",
+            "--protocol=tcp",
+            "-h",
+            str(url.host),
+            "-P",
+            str(url.port or 3306),
+            "-u",
+            str(url.username),
+            str(url.database),
+        ],
+        input=sql,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_the_dbas_sql_makes_what_db_upgrade_makes(
+    new_database: NewDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    by_hand, by_upgrade = new_database(), new_database()
+    assert cli.main(["db", "upgrade", "--sql", "--dialect", "mariadb"]) == 0
+    sql = capsys.readouterr().out
+    assert sql.startswith("-- pathlock's tables, for MariaDB.")
+    _apply_with_the_client(by_hand, sql)
+    assert cli.main(["db", "upgrade", "--database-url", _url_text(by_upgrade)]) == 0
+    assert _show_create_tables(by_hand) == _show_create_tables(by_upgrade)
+    assert _versions(by_hand) == _versions(by_upgrade) == [REVISION]
+    # The server's own tables: the printed SQL was for this server.
+    assert cli.main(["db", "check", "--database-url", _url_text(by_hand)]) == 0
+
+
+def test_the_dbas_sql_says_which_server_it_is_for(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["db", "upgrade", "--sql", "--database-url", "mysql+pymysql://db/app"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("-- pathlock's tables, for MySQL 8.0 and later. For MariaDB")
+    assert "utf8mb4_0900_bin" in out
+    assert cli.main(["db", "upgrade", "--sql", "--dialect", "mariadb"]) == 0
+    assert "utf8mb4_0900_bin" not in capsys.readouterr().out
+
+
+def test_sql_without_a_server_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to print SQLite's DDL for the embedded default, silently."""
+    monkeypatch.delenv("PATHLOCK_DATABASE_URL", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["db", "upgrade", "--sql"])
+    assert exited.value.code == 2
+    assert "--sql needs --dialect or --database-url" in capsys.readouterr().err
