@@ -408,53 +408,36 @@ def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = db.add_subparsers(title="actions", required=True, metavar="ACTION")
-    parser = _subcommand(
-        actions,
-        "upgrade",
-        summary="create or upgrade pathlock's tables (Alembic migrations)",
-        epilog=DB_UPGRADE_EPILOG,
+    # (action, summary, takes --sql, its revision argument's help: None for none)
+    specs = (
+        ("upgrade", "create or upgrade pathlock's tables (Alembic migrations)", True, None),
+        (
+            "downgrade",
+            "downgrade pathlock's tables to an older revision",
+            True,
+            "target revision (base: drop the tables; with --sql, FROM:TO)",
+        ),
+        ("current", "print the revision the database records", False, None),
+        ("check", "exit 0 if the database is at the newest revision, 1 if not", False, None),
+        (
+            "stamp",
+            "record a revision as the database's without migrating",
+            True,
+            "the revision the tables are at (or head)",
+        ),
     )
-    parser.set_defaults(subcommand="db upgrade")
-    _sql_option(parser)
-    parser.add_argument(
-        "--revision", default="head", metavar="REV", help="target revision (default: head)"
-    )
-    parser = _subcommand(
-        actions,
-        "downgrade",
-        summary="downgrade pathlock's tables to an older revision",
-        epilog=DB_EPILOG,
-    )
-    parser.set_defaults(subcommand="db downgrade")
-    _sql_option(parser)
-    parser.add_argument(
-        "revision",
-        metavar="REV",
-        help="target revision (base: drop the tables; with --sql, FROM:TO)",
-    )
-    parser = _subcommand(
-        actions,
-        "current",
-        summary="print the revision the database records",
-        epilog=DB_EPILOG,
-    )
-    parser.set_defaults(subcommand="db current")
-    parser = _subcommand(
-        actions,
-        "check",
-        summary="exit 0 if the database is at the newest revision, 1 if not",
-        epilog=DB_EPILOG,
-    )
-    parser.set_defaults(subcommand="db check")
-    parser = _subcommand(
-        actions,
-        "stamp",
-        summary="record a revision as the database's without migrating",
-        epilog=DB_EPILOG,
-    )
-    parser.set_defaults(subcommand="db stamp")
-    _sql_option(parser)
-    parser.add_argument("revision", metavar="REV", help="the revision the tables are at (or head)")
+    for action, summary, sql, revision in specs:
+        epilog = DB_UPGRADE_EPILOG if action == "upgrade" else DB_EPILOG
+        parser = _subcommand(actions, action, summary=summary, epilog=epilog)
+        parser.set_defaults(subcommand=f"db {action}")
+        if sql:
+            _sql_option(parser)
+        if action == "upgrade":
+            parser.add_argument(
+                "--revision", default="head", metavar="REV", help="target revision (default: head)"
+            )
+        elif revision is not None:
+            parser.add_argument("revision", metavar="REV", help=revision)
 
 
 def _sql_option(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ module is the one place in pathlock that configures logging.
 from __future__ import annotations
 
 import argparse
+import functools
 import getpass
 import logging
 import os
@@ -206,55 +207,27 @@ def _sql_url(args: argparse.Namespace) -> str:
     return url
 
 
-def _db_upgrade(args: argparse.Namespace) -> int:
+def _db_change(args: argparse.Namespace, verb: str) -> int:
+    """``db upgrade``, ``downgrade`` or ``stamp``: print the SQL (``--sql``),
+    or run it and say what changed."""
     from pathlock import migrate  # noqa: PLC0415 - Alembic is slow to import; only db needs it
 
+    run: Callable[..., None] = getattr(migrate, verb)
     if args.dialect is not None and not args.sql:
         args.usage_error("--dialect goes with --sql (a connection knows its server)")
     if args.sql:
-        migrate.upgrade(_sql_url(args), sql=True, revision=args.revision, output=sys.stdout)
+        run(_sql_url(args), sql=True, revision=args.revision, output=sys.stdout)
         return EXIT_OK
     url = _first_url(args) or default_database_url()
     before = migrate.current(url)
-    migrate.upgrade(url, revision=args.revision, output=sys.stdout)
+    run(url, revision=args.revision, output=sys.stdout)
     after = migrate.current(url)
-    if before == after:
-        _write(f"pathlock db upgrade: already at revision {after}; nothing to do")
+    if verb == "stamp":
+        _write(f"pathlock db stamp: the database records revision {after}")
+    elif before == after:
+        _write(f"pathlock db {verb}: already at revision {after or 'none'}; nothing to do")
     else:
-        _write(f"pathlock db upgrade: upgraded from revision {before or 'none'} to {after}")
-    return EXIT_OK
-
-
-def _db_downgrade(args: argparse.Namespace) -> int:
-    from pathlock import migrate  # noqa: PLC0415
-
-    if args.dialect is not None and not args.sql:
-        args.usage_error("--dialect goes with --sql (a connection knows its server)")
-    if args.sql:
-        migrate.downgrade(_sql_url(args), sql=True, revision=args.revision, output=sys.stdout)
-        return EXIT_OK
-    url = _first_url(args) or default_database_url()
-    before = migrate.current(url)
-    migrate.downgrade(url, revision=args.revision, output=sys.stdout)
-    after = migrate.current(url)
-    if before == after:
-        _write(f"pathlock db downgrade: already at revision {after or 'none'}; nothing to do")
-    else:
-        _write(f"pathlock db downgrade: downgraded from revision {before} to {after or 'none'}")
-    return EXIT_OK
-
-
-def _db_stamp(args: argparse.Namespace) -> int:
-    from pathlock import migrate  # noqa: PLC0415
-
-    if args.dialect is not None and not args.sql:
-        args.usage_error("--dialect goes with --sql (a connection knows its server)")
-    if args.sql:
-        migrate.stamp(_sql_url(args), revision=args.revision, sql=True, output=sys.stdout)
-        return EXIT_OK
-    url = _first_url(args) or default_database_url()
-    migrate.stamp(url, revision=args.revision, output=sys.stdout)
-    _write(f"pathlock db stamp: the database records revision {migrate.current(url)}")
+        _write(f"pathlock db {verb}: {verb}d from revision {before or 'none'} to {after or 'none'}")
     return EXIT_OK
 
 
@@ -327,11 +300,11 @@ _SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "release": _release,
     "reap": _reap,
     "reaper": _reaper,
-    "db upgrade": _db_upgrade,
-    "db downgrade": _db_downgrade,
+    "db upgrade": functools.partial(_db_change, verb="upgrade"),
+    "db downgrade": functools.partial(_db_change, verb="downgrade"),
     "db current": _db_current,
     "db check": _db_check,
-    "db stamp": _db_stamp,
+    "db stamp": functools.partial(_db_change, verb="stamp"),
     "bench": _bench,
 }
 
