@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -66,13 +67,7 @@ def upgrade(
 ) -> None:
     """Upgrade the database to ``revision``; with ``sql``, print the SQL to
     ``output`` instead of running it (the URL then only names the dialect)."""
-    config = alembic_config(url, connection=connection, output=output)
-    try:
-        command.upgrade(config, revision, sql=sql)
-    except CommandError as error:
-        raise PathLockError(f"migration failed: {error}") from error
-    except SQLAlchemyError as error:
-        raise BackendError("migrating the schema", error) from error
+    _run(command.upgrade, alembic_config(url, connection=connection, output=output), revision, sql)
 
 
 def stamp(
@@ -84,13 +79,7 @@ def stamp(
 ) -> None:
     """Record ``revision`` as the database's without running any migration
     (for tables created or altered by hand); with ``sql``, print the SQL."""
-    config = alembic_config(url, output=output)
-    try:
-        command.stamp(config, revision, sql=sql)
-    except CommandError as error:
-        raise PathLockError(f"stamping failed: {error}") from error
-    except SQLAlchemyError as error:
-        raise BackendError("recording the schema's revision", error) from error
+    _run(command.stamp, alembic_config(url, output=output), revision, sql)
 
 
 def downgrade(
@@ -103,9 +92,13 @@ def downgrade(
     """Downgrade the database to ``revision`` (``base``: drop every table);
     with ``sql``, print the SQL instead of running it (``revision`` must then
     be ``FROM:TO``, as Alembic wants it offline)."""
-    config = alembic_config(url, output=output)
+    _run(command.downgrade, alembic_config(url, output=output), revision, sql)
+
+
+def _run(run: Callable[..., object], config: Config, revision: str, sql: bool) -> None:
+    """An Alembic command, its failures as pathlock's errors."""
     try:
-        command.downgrade(config, revision, sql=sql)
+        run(config, revision, sql=sql)
     except CommandError as error:
         raise PathLockError(f"migration failed: {error}") from error
     except SQLAlchemyError as error:
