@@ -140,8 +140,8 @@ class PathLockManager:
     - ``case_insensitive``: case-fold paths, for file systems that ignore case.
     - ``backoff``: how long a blocked request sleeps between checks of its
       customer's version (default: :class:`ExponentialBackoff`, 2 ms growing to
-      10 ms; the seed's :class:`ReverseExponentialBackoff` is the other one
-      shipped). Any object with ``start()`` returning ``next() -> seconds``
+      10 ms; :class:`ReverseExponentialBackoff`, the original blog post's, is
+      the other one shipped). Any object with ``start()`` returning ``next() -> seconds``
       will do. Fairness comes from the queue, not from the policy.
     - ``max_attempts``: how often one transaction is tried on transient database
       errors (lock-wait timeout, lost connection, a cluster node that cannot
