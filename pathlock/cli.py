@@ -72,7 +72,11 @@ def _manager(args: argparse.Namespace) -> PathLockManager:
     # No URL means the manager's default: $PATHLOCK_DATABASE_URL or SQLite.
     urls: list[str] | None = args.database_url
     database = urls if urls is None or len(urls) > 1 else urls[0]
-    return PathLockManager(database, node_id=getattr(args, "node_id", None))
+    manager = PathLockManager(database, node_id=getattr(args, "node_id", None))
+    # -v says which database: the embedded default depends on the user.
+    for engine in manager.engines:
+        log.info("database: %s", engine.url.render_as_string(hide_password=True))
+    return manager
 
 
 def _first_url(args: argparse.Namespace) -> str | None:

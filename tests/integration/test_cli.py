@@ -579,6 +579,19 @@ def test_help_shows_examples(subcommand: list[str], capsys: pytest.CaptureFixtur
             assert f"\n  {status} " in shown
 
 
+def test_verbose_says_which_database(tmp_path: Path) -> None:
+    """The embedded default depends on the user: -v names the database."""
+    url = f"sqlite:///{tmp_path / 'locks.sqlite3'}"
+    result = pathlock("-v", "ls", "--database-url", url)
+    assert result.returncode == 0, result.stderr
+    assert f"pathlock: database: {url}\n" in result.stderr
+    result = pathlock(
+        "ls", "-v", "--database-url", "mysql+pymysql://app:secret@127.0.0.1:9/app"
+    )  # nothing listens: the line comes first, then the error
+    assert "pathlock: database: mysql+pymysql://app:***@127.0.0.1:9/app" in result.stderr
+    assert "secret" not in result.stderr
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
