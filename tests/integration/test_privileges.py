@@ -60,6 +60,7 @@ def test_migrations_and_the_library_need_only_the_documented_privileges(
 
     assert cli.main(["db", "upgrade", "--database-url", _url_text(migrator)]) == 0
     assert _versions(migrator) == [REVISION]
+    assert cli.main(["db", "check", "--database-url", _url_text(app)]) == 0
 
     lost: list[Lease] = []
     with PathLockManager(_url_text(app), node_id="least", ttl=1.5, on_lost=lost.append) as manager:
