@@ -126,14 +126,22 @@ def let_through() -> Iterator[None]:
     """Within :class:`held_back`, let signals be handled again for the block:
     for a wait on the network, which a Ctrl-C must be able to end. Signals
     held back so far are handled first."""
+    blocks: list[held_back] = []  # innermost first
     current: held_back | None = getattr(_local, "current", None)
-    if current is None or threading.current_thread() is not threading.main_thread():
+    while current is not None:
+        blocks.append(current)
+        current = current._outer
+    if not blocks or threading.current_thread() is not threading.main_thread():
         yield
         return
+    left: list[held_back] = []
     try:
-        current.__exit__(None, None, None)
+        for block in blocks:
+            left.append(block)  # first: its __exit__ may raise a held-back signal
+            block.__exit__(None, None, None)
         yield
     finally:
         # On the way out of an interrupted connect, too: the pool's clean-up
-        # (and the held_back block's end) follow.
-        current.__enter__()
+        # (and the held_back blocks' ends) follow.
+        for block in reversed(left):
+            block.__enter__()

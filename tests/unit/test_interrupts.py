@@ -101,3 +101,24 @@ def test_other_threads_are_left_alone() -> None:
     thread.start()
     thread.join()
     assert seen == [_raise]
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_let_through_lets_signals_through_every_enclosing_block() -> None:
+    with interrupts.held_back(), interrupts.held_back():
+        with pytest.raises(Interrupted), interrupts.let_through():
+            _signal_self()
+        assert signal.getsignal(signal.SIGUSR1) is not _raise
+    assert signal.getsignal(signal.SIGUSR1) is _raise
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_a_signal_held_back_before_let_through_is_handled_there() -> None:
+    with interrupts.held_back(), interrupts.held_back():
+        _signal_self()  # held back
+        with pytest.raises(Interrupted), interrupts.let_through():
+            pass
+        assert signal.getsignal(signal.SIGUSR1) is not _raise
+        with pytest.raises(Interrupted), interrupts.let_through():  # the chain is intact
+            _signal_self()
+    assert signal.getsignal(signal.SIGUSR1) is _raise
