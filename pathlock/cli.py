@@ -33,7 +33,7 @@ from pathlock.backends import URL_ENV_VAR, default_database_url
 from pathlock.errors import PathLockError
 from pathlock.manager import PathLockManager
 from pathlock.runner import LockRequest, run_locked
-from pathlock.schema import REASON_LENGTH
+from pathlock.schema import REASON_LENGTH, REVISION, REVISIONS
 
 log = logging.getLogger(__name__)
 
@@ -235,49 +235,39 @@ def _db_change(args: argparse.Namespace, verb: str) -> int:
     return EXIT_OK
 
 
-def _schema_state(url: str) -> tuple[str | None, str | None, str]:
-    """The database's revision, the newest shipped, and a sentence on them."""
+def _schema_state(url: str) -> tuple[bool, str]:
+    """Whether the database is at this pathlock's revision, and a sentence on it."""
     from pathlock import migrate  # noqa: PLC0415
 
-    current, head = migrate.current(url), migrate.head_revision()
-    if current == head:
-        return current, head, f"at revision {current}, the newest this pathlock ships"
+    current = migrate.current(url)
+    if current == REVISION:
+        return True, f"at revision {current}, the newest this pathlock ships"
     if current is None:
-        return (
-            current,
-            head,
-            (
-                "no revision recorded; `pathlock db upgrade` creates the tables "
-                f"(revision {head}), or, for tables made by hand, "
-                "`pathlock db stamp REV` records theirs"
-            ),
+        return False, (
+            "no revision recorded; `pathlock db upgrade` creates the tables "
+            f"(revision {REVISION}), or, for tables made by hand, "
+            "`pathlock db stamp REV` records theirs"
         )
-    if migrate.is_known(current):
-        return (
-            current,
-            head,
-            (f"at revision {current}, behind this pathlock's {head}: run `pathlock db upgrade`"),
+    if current in REVISIONS:
+        return False, (
+            f"at revision {current}, behind this pathlock's {REVISION}: run `pathlock db upgrade`"
         )
-    return (
-        current,
-        head,
-        (
-            f"at revision {current}, which this pathlock does not know (it ships up to {head}): "
-            "a newer pathlock migrated it"
-        ),
+    return False, (
+        f"at revision {current}, which this pathlock does not know (it ships up to "
+        f"{REVISION}): a newer pathlock migrated it"
     )
 
 
 def _db_current(args: argparse.Namespace) -> int:
-    _, _, state = _schema_state(_first_url(args) or default_database_url())
+    _, state = _schema_state(_first_url(args) or default_database_url())
     _write(state)
     return EXIT_OK
 
 
 def _db_check(args: argparse.Namespace) -> int:
-    current, head, state = _schema_state(_first_url(args) or default_database_url())
+    at_head, state = _schema_state(_first_url(args) or default_database_url())
     _write(state)
-    return EXIT_OK if current == head else EXIT_ERROR
+    return EXIT_OK if at_head else EXIT_ERROR
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.script.revision import RevisionError
 from alembic.util import CommandError
 from sqlalchemy import Connection, create_engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -127,12 +126,3 @@ def recorded_revision(connection: Connection) -> str | None:
 def head_revision() -> str | None:
     """The newest revision this installation ships."""
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
-
-
-def is_known(revision: str) -> bool:
-    """Whether this installation ships ``revision``."""
-    script = ScriptDirectory.from_config(alembic_config())
-    try:
-        return script.get_revision(revision) is not None
-    except (CommandError, RevisionError):
-        return False

@@ -51,6 +51,7 @@ from tests.integration.test_stress import (
     Hold,
     WorkerSpec,
     _random_request,
+    _record_failure,
     _start_worker,
     assert_safe,
     hold_record,
@@ -262,9 +263,7 @@ def hostile_worker(spec: WorkerSpec, barrier: Barrier) -> None:
         own.release()
         manager.close()
     except BaseException:
-        error = spec.out_dir / f"worker-{spec.index}.error"
-        error.write_text(traceback.format_exc(), encoding="utf-8")
-        barrier.abort()
+        _record_failure(spec, barrier)
         raise
 
 
