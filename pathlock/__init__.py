@@ -7,10 +7,12 @@ through the MySQL/MariaDB database they already trust.
         ...  # nobody else edits those folders, their parents or anything inside them
 """
 
+from pathlock.aio import AsyncCustomerLocks, AsyncLease, AsyncPathLockManager
 from pathlock.customer import CustomerLocks
 from pathlock.errors import (
     ArgumentTypeError,
     BackendError,
+    CaseRuleMismatch,
     ContentionTimeout,
     DatabaseTimeout,
     DeadlockDetected,
@@ -18,30 +20,39 @@ from pathlock.errors import (
     InvalidPath,
     InvalidPathType,
     LeaseLost,
+    LockCancelled,
     LockTimeout,
     ManagerClosed,
     PathLockError,
     RequestTooLarge,
     SchemaMismatch,
 )
+from pathlock.events import Hooks
 from pathlock.lease import Lease
 from pathlock.manager import PathLockManager
+from pathlock.settings import Settings
 from pathlock.types import LockInfo, Mode, Owner, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, ReverseExponentialBackoff, WaitPolicy
 
 __all__ = [
     "ArgumentTypeError",
+    "AsyncCustomerLocks",
+    "AsyncLease",
+    "AsyncPathLockManager",
     "BackendError",
+    "CaseRuleMismatch",
     "ContentionTimeout",
     "CustomerLocks",
     "DatabaseTimeout",
     "DeadlockDetected",
     "ExponentialBackoff",
+    "Hooks",
     "InvalidArgument",
     "InvalidPath",
     "InvalidPathType",
     "Lease",
     "LeaseLost",
+    "LockCancelled",
     "LockInfo",
     "LockTimeout",
     "ManagerClosed",
@@ -52,6 +63,7 @@ __all__ = [
     "RequestTooLarge",
     "ReverseExponentialBackoff",
     "SchemaMismatch",
+    "Settings",
     "WaitPolicy",
     "WaiterInfo",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 
 def _boottime() -> float:
@@ -38,3 +39,38 @@ def _pick() -> tuple[Callable[[], float], bool]:
 now, COUNTS_SUSPEND = _pick()
 """``now()``: seconds on the lease clock; ``COUNTS_SUSPEND``: whether it
 counts time spent suspended."""
+
+
+class Clock(Protocol):
+    """The two clocks pathlock reads: :attr:`Settings.clock
+    <pathlock.Settings.clock>`. Tests give the manager one of their own (a
+    clock that jumps, as after a suspend); the lock request's loop
+    (:mod:`pathlock._flow`) can be driven with one that never moves on its own."""
+
+    def now(self) -> float:
+        """Seconds on the lease clock: lease deadlines and their renewals."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on ``time.monotonic()``'s timeline: a lock request's
+        timeout, its waits and its rechecks. (The bounds of each database
+        call keep ``time.monotonic()`` itself: a socket waits in real time.)"""
+        ...
+
+
+class SystemClock:
+    """The clocks of the machine: the lease clock counts suspend where it can
+    (:data:`COUNTS_SUSPEND`), the other is ``time.monotonic``."""
+
+    def now(self) -> float:
+        return now()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+SYSTEM = SystemClock()
+"""The default clock."""

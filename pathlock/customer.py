@@ -9,6 +9,7 @@ from pathlock.lease import Lease, LostCallback
 from pathlock.types import LockInfo
 
 if TYPE_CHECKING:
+    from pathlock._acquire import Cancel
     from pathlock.manager import PathLockManager
 
 
@@ -28,6 +29,7 @@ class CustomerLocks:
         ttl: float | None = None,
         on_lost: LostCallback | None = None,
         owner: str | None = None,
+        cancel: Cancel | None = None,
     ) -> Lease:
         """Lock every path at once, all or nothing, waiting while any conflicts.
 
@@ -56,6 +58,11 @@ class CustomerLocks:
 
         ``ttl`` overrides the manager's lease duration; ``on_lost`` is called if
         this lease is lost.
+
+        ``cancel`` (a :class:`threading.Event`, or anything with ``is_set()``)
+        lets another thread end the wait without a signal: once it is set, the
+        request raises :class:`LockCancelled` within 50 ms (an attempt under
+        way finishes first), leaves the queue, and holds nothing.
         """
         lease = self.manager._acquire(
             self.customer_id,
@@ -67,6 +74,7 @@ class CustomerLocks:
             blocking=True,
             on_lost=on_lost,
             owner=owner,
+            cancel=cancel,
         )
         if lease is None:  # pragma: no cover - a blocking acquire returns or raises
             raise AssertionError("blocking acquire returned no lease")

@@ -213,6 +213,16 @@ class ManagerClosed(PathLockError, RuntimeError):
         super().__init__(f"this PathLockManager is closed{detail}")
 
 
+class LockCancelled(PathLockError):
+    """A waiting :meth:`~CustomerLocks.lock_paths` was cancelled through its
+    ``cancel`` event: nothing was granted, and the request left the queue."""
+
+    def __init__(self, paths: Sequence[PathMode]) -> None:
+        self._args = (paths,)
+        self.paths = tuple(paths)
+        super().__init__(f"the request for {describe_paths(self.paths)} was cancelled")
+
+
 class SchemaMismatch(PathLockError):
     """The database records a revision of pathlock's tables other than the one
     this pathlock was made for: older (run ``pathlock db upgrade``) or newer
@@ -230,6 +240,24 @@ class SchemaMismatch(PathLockError):
         super().__init__(
             f"pathlock's tables are at revision {recorded}, and this pathlock needs "
             f"{expected}: {advice}"
+        )
+
+
+class CaseRuleMismatch(PathLockError):
+    """The customer's paths were first locked by a manager with the other
+    ``case_insensitive`` setting, which the database recorded. Their paths
+    would never meet: ``/Shared/Foo`` as given and ``/shared/foo`` folded would
+    both be granted. Every process that locks a customer's paths must use the
+    same setting. Raised by a request, before anything is locked."""
+
+    def __init__(self, customer_id: int, recorded: bool) -> None:
+        self._args = (customer_id, recorded)
+        self.customer_id = customer_id
+        self.recorded = recorded
+        rule = "case-insensitive" if recorded else "case-sensitive"
+        super().__init__(
+            f"customer {customer_id}'s paths are {rule}, as the database recorded at its "
+            f"first lock: use case_insensitive={recorded} for this customer, in every process"
         )
 
 

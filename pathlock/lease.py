@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pathlock import clock
+from pathlock import events
 from pathlock.errors import BackendError, LeaseLost
 from pathlock.types import Owner, PathMode
+
+if TYPE_CHECKING:
+    from pathlock.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -20,18 +24,32 @@ time, in the order the losses were found. A slow callback delays only the
 callbacks after it, never renewals; whatever it raises (``SystemExit`` and
 ``KeyboardInterrupt`` included) is logged and ignored."""
 
-# How long before the conservative deadline a lease that could not be renewed
-# is declared lost: the holder hears of it before the database can let anyone
-# else in, with room for clock-rate differences and the callback's own latency.
-_MARGIN_FRACTION = 0.1
-_MAX_MARGIN = 5.0
 
+class Keeper(Protocol):
+    """What a lease needs from the manager that granted it (the manager
+    gives each lease one; nothing else implements it)."""
 
-class _Manager(Protocol):
-    def _release(self, lease: Lease) -> int | None: ...
-    def _renew_leases(self, leases: list[Lease]) -> None: ...
-    def _run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None: ...
-    def _verify(self, lease: Lease) -> bool: ...
+    @property
+    def settings(self) -> Settings:
+        """The manager's timing and clock."""
+        ...
+
+    def release(self, lease: Lease) -> int | None:
+        """Delete the lease's rows: how many (``None``: a retry found them
+        gone, which its first try deleted). Raises ``BackendError``."""
+        ...
+
+    def renew(self, leases: list[Lease]) -> None:
+        """Renew ``leases`` now; mark the ones found gone as lost."""
+        ...
+
+    def run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None:
+        """Run ``on_lost`` callbacks, on the manager's callback thread."""
+        ...
+
+    def verify(self, lease: Lease) -> bool:
+        """Whether the database still holds every row of the lease."""
+        ...
 
 
 class Lease:
@@ -53,7 +71,7 @@ class Lease:
 
     def __init__(
         self,
-        manager: _Manager,
+        keeper: Keeper,
         *,
         customer_id: int,
         lease_id: str,
@@ -64,8 +82,11 @@ class Lease:
         ttl: float,
         attempt_started: float,
         on_lost: tuple[LostCallback, ...] = (),
+        emitter: events.Emitter = events.SILENT,
     ) -> None:
-        self._manager = manager
+        self._keeper = keeper
+        self._events = emitter
+        self._granted_at = time.monotonic()
         self.customer_id = customer_id
         """The customer (tenant) whose paths are held."""
         self.lease_id = lease_id
@@ -77,9 +98,13 @@ class Lease:
         self.owner = owner
         self.reason = reason
         self.ttl = ttl
-        self.margin = min(ttl * _MARGIN_FRACTION, _MAX_MARGIN)
+        timing = keeper.settings
+        self._clock = timing.clock
+        self.margin = min(ttl * timing.lease_margin, timing.max_lease_margin)
         """Seconds before its conservative deadline at which an unrenewed lease
-        is declared lost."""
+        is declared lost: the holder hears of it before the database can let
+        anyone else in, with room for clock-rate differences and the
+        callback's own latency."""
         self._on_lost = on_lost
         self._lock = threading.Lock()
         # Held while a release runs, so that two release() calls at once
@@ -111,7 +136,9 @@ class Lease:
     def lost(self) -> bool:
         """True when the lease is known or presumed to be no longer held, for a
         reason other than this process releasing it."""
-        return self._lost_reason is not None or (not self._released and clock.now() >= self.lost_at)
+        return self._lost_reason is not None or (
+            not self._released and self._clock.now() >= self.lost_at
+        )
 
     @property
     def expires_in(self) -> float:
@@ -119,7 +146,7 @@ class Lease:
         (0 once expired or released)."""
         if self._released:
             return 0.0
-        return max(0.0, self._deadline - clock.now())
+        return max(0.0, self._deadline - self._clock.now())
 
     def ensure_held(self, *, verify: bool = False) -> None:
         """Raise :class:`LeaseLost` unless the lease is still held.
@@ -136,7 +163,7 @@ class Lease:
         """
         reason = self._why_not_held()
         if reason is None and verify:
-            if not self._manager._verify(self):
+            if not self._keeper.verify(self):
                 self._mark_lost("the database no longer holds it (its rows are gone or expired)")
             reason = self._why_not_held()
         if reason is not None:
@@ -147,7 +174,7 @@ class Lease:
             return self._lost_reason
         if self._released:
             return "it was released"
-        if clock.now() >= self.lost_at:
+        if self._clock.now() >= self.lost_at:
             return f"it was not renewed within its ttl of {self.ttl:g} s"
         return None
 
@@ -155,7 +182,7 @@ class Lease:
         """Renew now (the heartbeat does this on its own); raise
         :class:`LeaseLost` if the lease turned out to be gone."""
         self.ensure_held()
-        self._manager._renew_leases([self])
+        self._keeper.renew([self])
         self.ensure_held()
 
     def release(self) -> None:
@@ -175,25 +202,28 @@ class Lease:
             retry = self._released
             self._released = True
             try:
-                deleted = self._manager._release(self)
+                deleted = self._keeper.release(self)
             except BackendError as error:
                 self._settled = True
                 log.warning(
                     "could not release lease %s (%s); its locks expire within %.1f s: %s",
                     self.lease_id,
                     ", ".join(path for path, _ in self.paths),
-                    max(0.0, self._deadline - clock.now()),
+                    max(0.0, self._deadline - self._clock.now()),
                     error,
                 )
                 return
             self._settled = True
         # None: a retry found the rows gone, which its first try deleted.
-        if deleted == 0 and not retry and self._lost_reason is None:
-            self._lost_reason = (
-                "its rows were gone when it was released (expired and reaped, "
-                "or deleted by an operator)"
-            )
-            log.warning("lease %s: %s", self.lease_id, self._lost_reason)
+        if deleted == 0:  # nothing to release
+            if not retry and self._lost_reason is None:
+                self._lost_reason = (
+                    "its rows were gone when it was released (expired and reaped, "
+                    "or deleted by an operator)"
+                )
+                self._tell_lost(self._lost_reason)
+        else:
+            self._tell_released()
 
     def _mark_released(self) -> None:
         """The rows were deleted (or are being deleted) by the manager: a bulk
@@ -225,11 +255,19 @@ class Lease:
             if self._lost_reason is not None or self._released:
                 return
             self._lost_reason = reason
-        log.warning("lease %s (%s) lost: %s", self.lease_id, self.describe_paths(), reason)
+        self._tell_lost(reason)
         if self._on_lost:
             # Not on this thread: it may be the heartbeat's, which a callback
             # must neither end (sys.exit()) nor hold up.
-            self._manager._run_callbacks(self, self._on_lost)
+            self._keeper.run_callbacks(self, self._on_lost)
+
+    def _tell_released(self) -> None:
+        held = time.monotonic() - self._granted_at
+        self._events.released(events.Released(self.customer_id, self.lease_id, self.paths, held))
+
+    def _tell_lost(self, reason: str) -> None:
+        held = time.monotonic() - self._granted_at
+        self._events.lost(events.Lost(self.customer_id, self.lease_id, self.paths, reason, held))
 
     def describe_paths(self) -> str:
         return ", ".join(f"{path} ({mode})" for path, mode in self.paths)

@@ -1,7 +1,8 @@
 """The public entry point: PathLockManager (CustomerLocks is in :mod:`pathlock.customer`).
 
 A request flows one way: ``CustomerLocks.lock_paths`` -> ``paths`` normalize ->
-:func:`pathlock.acquire.acquire`: loop {``Store.try_grant`` -> granted: a
+:func:`pathlock._acquire.acquire`, which runs the steps of
+:class:`pathlock._flow.AcquireFlow`: loop {``Store.try_grant`` -> granted: a
 :class:`Lease`; blocked: queued, then watch the customer's version until an
 attempt can succeed} -> ``Lease.release`` -> ``Store.release`` (wakes this
 process's waiters of the same customer).
@@ -17,7 +18,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -25,28 +26,39 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import URL, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from pathlock import clock, deadlines, lifecycle, owners, reaper, validation
-from pathlock.acquire import acquire
-from pathlock.backends import open_engines, open_renewal_engines, upgrade_sqlite_schema
+from pathlock import _deadlines as deadlines
+from pathlock import _interrupts as interrupts
+from pathlock import _lifecycle as lifecycle
+from pathlock import _owners as owners
+from pathlock import _reaper as reaper
+from pathlock import _validation as validation
+from pathlock import dialects, events, otel
+from pathlock._acquire import acquire
+from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_open
+from pathlock._heartbeat import Heartbeat, Stragglers
+from pathlock._records import GrantRequest
+from pathlock._routing import Router
+from pathlock._settling import InDoubt
+from pathlock._store import Store
+from pathlock._transactions import THREAD, Runner, Transactions
+from pathlock._upkeep import Upkeep
 from pathlock.customer import CustomerLocks
 from pathlock.errors import (
     ArgumentTypeError,
     BackendError,
     ContentionTimeout,
+    DeadlockDetected,
     InvalidArgument,
     LockTimeout,
     ManagerClosed,
     PathLockError,
     SchemaMismatch,
 )
-from pathlock.heartbeat import Heartbeat, Stragglers
 from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
-from pathlock.records import GrantRequest
-from pathlock.routing import Router
 from pathlock.schema import REVISION, REVISIONS, create_tables
-from pathlock.settling import InDoubt
-from pathlock.store import Store
+from pathlock.settings import Settings
+from pathlock.settings import checked as checked_settings
 from pathlock.types import LockInfo, Owner, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
 
@@ -56,26 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CLOSE_TIME = 10.5
-"""Seconds :meth:`PathLockManager.close` may spend releasing what it holds,
-however many leases: those it could not release in time are left to expire."""
-RESOLVE_TIME = 1.0
-"""Seconds an interrupted call spends deleting a grant it may have made before
-the interrupt propagates; what is left is deleted from a background thread."""
-CLOSE_WAIT = 5.0
-"""Seconds :meth:`PathLockManager.close` waits for calls still running in other
-threads before it disposes the engine (within :data:`CLOSE_TIME`)."""
-
-
-# A renewal round that found a customer's sentinel held by another transaction
-# and could not hand the customer to a renewal of its own (one is running, or
-# every slot is taken) tries that customer again this soon (at most ttl/20).
-_SKIPPED_RETRY = 0.05
-SCHEMA_CHECK_TIME = 2.0
-"""Seconds the constructor spends at most checking the tables' revision."""
-STRAGGLERS = 4
-"""Renewals of customers whose row another transaction held when their round
-came (see :class:`pathlock.heartbeat.Stragglers`) that may wait at once."""
+CLOSED_WHILE_HELD = "the PathLockManager was closed while the lease was held"
 
 
 def _several(database: object) -> bool:
@@ -84,12 +77,46 @@ def _several(database: object) -> bool:
     return listed and len(database) > 1  # type: ignore[arg-type]
 
 
+def _check_flags(
+    database: object,
+    node_id: str | None,
+    *,
+    cleanup_on_start: object,
+    case_insensitive: object,
+    heartbeat: object,
+    affinity: object,
+) -> None:
+    """The manager's flags: bools, and the combinations that make sense."""
+    for name, flag in (
+        ("cleanup_on_start", cleanup_on_start),
+        ("case_insensitive", case_insensitive),
+        ("heartbeat", heartbeat),
+        ("affinity", affinity),
+    ):
+        if not isinstance(flag, bool):
+            raise ArgumentTypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if cleanup_on_start and node_id is None:
+        # The default (the host name) is shared by every process on the
+        # host: cleaning up after it would delete the live locks of the
+        # other processes.
+        raise InvalidArgument(
+            "cleanup_on_start needs an explicit node_id that no other running "
+            "process uses (the default, the host name, is shared by all "
+            "processes on this host)"
+        )
+    if affinity and not _several(database):
+        raise InvalidArgument(
+            "affinity=True chooses among the nodes of a cluster: give several "
+            "database nodes, or leave it off with one database"
+        )
+
+
 def _renewal_rows(leases: list[Lease]) -> list[tuple[int, str, int]]:
     return [(lease.customer_id, lease.lease_id, len(lease.paths)) for lease in leases]
 
 
 def _renewed(lease: Lease, held: bool, started: float) -> None:
-    """Record the outcome of a renewal that began at ``started`` (clock.now())."""
+    """Record the outcome of a renewal that began at ``started`` (the lease clock)."""
     if held:
         lease._extend(started)
     else:
@@ -118,13 +145,13 @@ class PathLockManager:
     selects the embedded backend for processes of one host (pathlock creates
     and upgrades its tables; a SQLite engine passed in is reopened with
     pathlock's settings). With no ``database``: ``$PATHLOCK_DATABASE_URL``, else
-    the embedded default file (see :mod:`pathlock.backends`).
+    the embedded default file (see :mod:`pathlock._backends`).
 
     ``database`` may also be a list of the nodes of one multi-master cluster
     (MariaDB Galera; URLs or engines, spelled the same way on every app
     server): an operation runs on one node and moves to the next at once when
     that node is lost or leaves the cluster's primary component, so callers
-    notice a node failure only as latency (see :mod:`pathlock.routing` and
+    notice a node failure only as latency (see :mod:`pathlock._routing` and
     docs/CLUSTER.md). :attr:`engines` are the nodes' engines, :attr:`engine`
     the first one. On a Galera node, pathlock's own engines turn on causal
     reads (``wsrep_sync_wait``) unless the server already has them on.
@@ -138,6 +165,8 @@ class PathLockManager:
     - ``ttl``: default lease duration in seconds (30): how long the paths of a
       crashed holder stay locked. Held leases are renewed (``heartbeat``).
     - ``case_insensitive``: case-fold paths, for file systems that ignore case.
+      A customer's first lock records the setting in the database; a manager
+      with the other one gets :class:`CaseRuleMismatch` for that customer.
     - ``backoff``: how long a blocked request sleeps between checks of its
       customer's version (default: :class:`ExponentialBackoff`, 2 ms growing to
       10 ms; :class:`ReverseExponentialBackoff`, the original blog post's, is
@@ -167,7 +196,23 @@ class PathLockManager:
       spread over the nodes. With one database it is refused.
     - ``engine_options``: extra keyword arguments for ``create_engine`` (for
       every node).
+    - ``settings``: the timing of every operation, a :class:`Settings`
+      (default: ``Settings()``): how long a call without a timeout may take,
+      how long a try-lock may take, how soon a dead waiter stops blocking, and
+      the rest.
+    - ``hooks``: objects told what happens (grants, waits, timeouts, retries,
+      failovers, renewals, losses, releases, reaper runs): a list of
+      :class:`Hooks` subclasses (see :mod:`pathlock.events`).
+    - ``meter_provider``, ``tracer_provider``: where OpenTelemetry metrics and
+      request spans go (see docs/METRICS.md); default: the global providers
+      when ``opentelemetry-api`` is installed (``pip install 'pathlock[otel]'``),
+      else none.
     """
+
+    # The asyncio API's manager (pathlock.aio) runs this one's code in
+    # greenlets on its loop: engines of asyncio drivers, waits handed to the
+    # loop, no database call before it opens (see pathlock._aio).
+    _asynchronous = False
 
     def __init__(
         self,
@@ -184,32 +229,21 @@ class PathLockManager:
         cleanup_on_start: bool = False,
         affinity: bool = False,
         engine_options: dict[str, Any] | None = None,
+        settings: Settings | None = None,
+        hooks: Iterable[events.Hooks] = (),
+        meter_provider: object = None,
+        tracer_provider: object = None,
     ) -> None:
-        if not isinstance(cleanup_on_start, bool):
-            raise ArgumentTypeError("cleanup_on_start must be a bool")
-        if cleanup_on_start and node_id is None:
-            # The default (the host name) is shared by every process on the
-            # host: cleaning up after it would delete the live locks of the
-            # other processes.
-            raise InvalidArgument(
-                "cleanup_on_start needs an explicit node_id that no other running "
-                "process uses (the default, the host name, is shared by all "
-                "processes on this host)"
-            )
+        _check_flags(
+            database,
+            node_id,
+            cleanup_on_start=cleanup_on_start,
+            case_insensitive=case_insensitive,
+            heartbeat=heartbeat,
+            affinity=affinity,
+        )
         self._node_id = validation.node_id(socket.gethostname() if node_id is None else node_id)
         self._ttl = validation.ttl(ttl)
-        for name, flag in (
-            ("case_insensitive", case_insensitive),
-            ("heartbeat", heartbeat),
-            ("affinity", affinity),
-        ):
-            if not isinstance(flag, bool):
-                raise ArgumentTypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if affinity and not _several(database):
-            raise InvalidArgument(
-                "affinity=True chooses among the nodes of a cluster: give several "
-                "database nodes, or leave it off with one database"
-            )
         self._case_insensitive = case_insensitive
         policy = ExponentialBackoff() if backoff is None else backoff
         self._backoff: WaitPolicy = validation.wait_policy(policy)
@@ -219,35 +253,96 @@ class PathLockManager:
                 f"got {type(on_lost).__name__}"
             )
         validation.positive_int("max_attempts", max_attempts)
-        self._wakeups = LocalWakeups()
-        opened = open_engines(database, dict(engine_options or {}))
+        self._settings = timing = checked_settings(settings)
+        runner = self._new_runner()
+        self._wakeups = self._new_wakeups()
+        told: list[events.Hooks] = [events.LoggingHooks(max_attempts)]
+        metrics = otel.metrics_hooks(
+            meter_provider=meter_provider,
+            tracer_provider=tracer_provider,
+            local_waiters=self._queued_here,
+        )
+        if metrics is not None:
+            told.append(metrics)
+        self._events = emitter = events.Emitter([*told, *events.checked(hooks)])
+        opened = open_engines(
+            database, dict(engine_options or {}), timing, asynchronous=self._asynchronous
+        )
         self.engines = tuple(engine for engine, _ in opened)
         self.engine = self.engines[0]
         self._owned = [engine for engine, owned in opened if owned]
+        self._cleanup_on_start = cleanup_on_start
         try:
-            if self.engine.dialect.name == "sqlite":
-                upgrade_sqlite_schema(self.engine)
-            self._store = Store(Router(self.engines, affinity=affinity), max_attempts=max_attempts)
+
+            def transactions(engines: Sequence[Engine]) -> Transactions:
+                return Transactions(
+                    Router(engines, affinity=affinity, set_aside=timing.set_aside, emitter=emitter),
+                    max_attempts=max_attempts,
+                    case_insensitive=case_insensitive,
+                    settings=timing,
+                    emitter=emitter,
+                    runner=runner,
+                )
+
+            main = transactions(self.engines)
+            self._store = Store(main)
+            self._upkeep = Upkeep(main)
             # The heartbeat's own pool: threads waiting for locks can never
             # take every connection while a renewal is due.
-            renewal = open_renewal_engines(opened, dict(engine_options or {}))
+            renewal = open_renewal_engines(opened, dict(engine_options or {}), timing)
             self._owned += [engine for engine, owned in renewal if owned]
-            self._renewals = Store(
-                Router([engine for engine, _ in renewal], affinity=affinity),
-                max_attempts=max_attempts,
-            )
-            self._check_schema()
-            if cleanup_on_start:
-                self._clean_up_node()
+            self._renewals = Store(transactions([engine for engine, _ in renewal]))
+            self._prepare([engine for engine, _ in [*opened, *renewal]])
         except PathLockError:
-            self._dispose()
+            if not self._asynchronous:
+                self._dispose()
             raise
         self._renews = heartbeat
+        self._keeper = _Keeper(self)
         self._on_lost = () if on_lost is None else (on_lost,)
         self._closed = False
         self._close_done = False
         self._start_process_state()
-        lifecycle.track(self)
+        if not self._asynchronous:
+            # The asyncio API's manager belongs to its event loop: closed by
+            # its owner on that loop, and not carried into forked children.
+            lifecycle.track(self)
+
+    def _new_runner(self) -> Runner:
+        """How transactions run: on the caller's thread, or on the asyncio
+        API's loop (see :mod:`pathlock._aio`)."""
+        if not self._asynchronous:
+            return THREAD
+        from pathlock._aio import LoopRunner  # noqa: PLC0415 - the async extra
+
+        self._loop_runner = LoopRunner()
+        return self._loop_runner
+
+    def _prepare(self, engines: list[Engine]) -> None:
+        """Open the database now (the synchronous API), or get the asyncio
+        API's engines ready for when it opens on its loop."""
+        if not self._asynchronous:
+            self._open()
+            return
+        from pathlock._aio import watch_commits  # noqa: PLC0415 - the async extra
+
+        for engine in engines:
+            watch_commits(engine)
+
+    def _open(self) -> None:
+        """What opening the database takes (the first database calls): bring
+        an embedded database's tables up to date, check the schema's revision,
+        clean up after an earlier run of this node (``cleanup_on_start``)."""
+        if dialects.for_name(self.engine.dialect.name).upgrades_on_open:
+            upgrade_on_open(self.engine)
+        self._check_schema()
+        if self._cleanup_on_start:
+            self._clean_up_node()
+
+    def _new_wakeups(self) -> LocalWakeups:
+        if self._asynchronous:
+            return LocalWakeups(self._loop_runner.waker)
+        return LocalWakeups()
 
     # Read-only: the manager's leases, waiters and renewals were made with them.
 
@@ -267,6 +362,11 @@ class PathLockManager:
         return self._case_insensitive
 
     @property
+    def settings(self) -> Settings:
+        """The timing of every operation (see :class:`Settings`)."""
+        return self._settings
+
+    @property
     def backoff(self) -> WaitPolicy:
         """How a blocked request paces its checks."""
         return self._backoff
@@ -275,11 +375,11 @@ class PathLockManager:
         """Refuse tables at another revision than this pathlock's (an older one
         may lock wrongly: at 0002, trailing spaces did not count). Tables that
         carry no revision, or none yet, pass; so does a database that does not
-        answer within :data:`SCHEMA_CHECK_TIME` (its calls will say so)."""
-        if self.engine.dialect.name == "sqlite":
+        answer within ``settings.schema_check_time`` (its calls will say so)."""
+        if dialects.for_name(self.engine.dialect.name).upgrades_on_open:
             return  # upgraded when opened
         try:
-            answered, recorded = self._store.recorded_revision(SCHEMA_CHECK_TIME)
+            answered, recorded = self._upkeep.recorded_revision(self._settings.schema_check_time)
         except BackendError as error:  # access denied, say: the calls will say so
             log.debug("could not check the schema's revision: %s", error)
             return
@@ -303,6 +403,7 @@ class PathLockManager:
             self._settle_release,
             lambda: self._close_done,
             name=f"pathlock-settle-{self.node_id}",
+            retry_every=self._settings.settle_retry,
         )
         self._calls = _Calls()
         self._reaper = reaper.ReaperJobs(
@@ -313,10 +414,14 @@ class PathLockManager:
         # only by Lease.renew() can be lost too); it renews only if asked.
         self._heartbeat = Heartbeat(
             functools.partial(self._renew_leases, heartbeat=True),
+            retry_after=self._settings.renewal_retry,
             name=f"pathlock-heartbeat-{self.node_id}",
+            clock=self._settings.clock,
         )
         self._stragglers = Stragglers(
-            self._renew_stragglers, limit=STRAGGLERS, name=f"pathlock-renew-{self.node_id}"
+            self._renew_stragglers,
+            limit=self._settings.stragglers,
+            name=f"pathlock-renew-{self.node_id}",
         )
 
     def _after_fork(self) -> None:
@@ -330,7 +435,7 @@ class PathLockManager:
             store.router.after_fork()
             for node in store.router.nodes:
                 node.engine.dispose(close=False)
-        self._wakeups = LocalWakeups()
+        self._wakeups = self._new_wakeups()
         parent = self._pid
         self._start_process_state()
         for lease in inherited:
@@ -370,13 +475,13 @@ class PathLockManager:
         if customer_id is not None:
             customer_id = validation.customer_id(customer_id)
         with self._call("list locks"):
-            return self._store.list_locks(customer_id, include_expired=include_expired)
+            return self._upkeep.list_locks(customer_id, include_expired=include_expired)
 
     def database_time(self) -> datetime:
         """The database's clock (UTC), by which every lease expires: compare
         :attr:`LockInfo.expires_at` with this, not with the local clock."""
         with self._call("read the database's clock"):
-            return self._store.database_time()
+            return self._upkeep.database_time()
 
     def list_waiters(self, customer_id: int | None = None) -> list[WaiterInfo]:
         """Queued requests of one customer (or of all) that are still alive,
@@ -384,7 +489,7 @@ class PathLockManager:
         if customer_id is not None:
             customer_id = validation.customer_id(customer_id)
         with self._call("list waiters"):
-            return self._store.list_waiters(customer_id)
+            return self._upkeep.list_waiters(customer_id)
 
     def reap_expired(self, *, batch_size: int = reaper.BATCH_SIZE) -> int:
         """Delete expired lock rows and dead waiter rows; return how many.
@@ -398,14 +503,8 @@ class PathLockManager:
         started = time.monotonic()
         with self._call("reap expired locks"):
             # close() stops a run between batches.
-            locks, waiters = self._store.reap(batch_size, lambda: self._closed)
-        if locks or waiters:
-            log.info(
-                "reaped %d expired lock rows and %d dead waiter rows in %.3f s",
-                locks,
-                waiters,
-                time.monotonic() - started,
-            )
+            locks, waiters = self._upkeep.reap(batch_size, lambda: self._closed)
+        self._events.reaped(events.Reaped(locks, waiters, time.monotonic() - started))
         return locks + waiters
 
     def start_reaper(
@@ -445,7 +544,7 @@ class PathLockManager:
         lease_id = validation.lease_id(lease_id)
         who = _requester(requested_by)
         with self._call("release a lease"):
-            customer_id = self._store.lease_customer(lease_id)
+            customer_id = self._upkeep.lease_customer(lease_id)
             if customer_id is None:
                 log.warning("nothing released: no lease %s%s", lease_id, who)
                 return 0
@@ -488,32 +587,50 @@ class PathLockManager:
         raises :class:`LeaseLost`, and so does leaving its ``with`` block
         (``on_lost`` callbacks do not run). Every later call raises
         :class:`ManagerClosed`. Calls still running in other threads get
-        :data:`CLOSE_WAIT` seconds to finish before the engine is disposed.
+        ``settings.close_wait`` seconds to finish before the engine is disposed.
         Idempotent; if an interrupt stops it midway, calling it again (or the
         interpreter's exit) finishes it. Nothing of the manager is left running
         afterwards. Managers still open when the interpreter exits are closed
         then."""
+        closing = self._begin_close()
+        if closing is None:
+            return
+        first, leases = closing
+        if first:
+            self._stop_background()
+        # One bound for all of them: a database that does not answer costs
+        # close() settings.close_time, not that much per lease.
+        with deadlines.limit(time.monotonic() + self._settings.close_time):
+            for lease in leases:
+                lease._end(CLOSED_WHILE_HELD)
+                lease.release()
+            self._calls.wait_idle(self._settings.close_wait)
+            self._in_doubt.settle()
+        self._finish_close()
+
+    def _begin_close(self) -> tuple[bool, list[Lease]] | None:
+        """The first step of :meth:`close`: nothing is granted from now on
+        and local waiters wake. Whether this is the first close, and the
+        leases to release; ``None`` when a close finished already."""
         with self._leases_lock:
             first = not self._closed
             self._closed = True
             leases = list(self._leases.values())
         if self._close_done:
-            return
+            return None
         if first:
             self._wakeups.close()
-            self._reaper.stop()
-            self._heartbeat.stop()
-            # Each ends by the time its leases would count as lost; the
-            # releases below wait for the same rows anyway.
-            self._stragglers.stop(0.0)
-        # One bound for all of them: a database that does not answer costs
-        # close() CLOSE_TIME, not that much per lease.
-        with deadlines.limit(time.monotonic() + CLOSE_TIME):
-            for lease in leases:
-                lease._end("the PathLockManager was closed while the lease was held")
-                lease.release()
-            self._calls.wait_idle(CLOSE_WAIT)
-            self._in_doubt.settle()
+        return first, leases
+
+    def _stop_background(self) -> None:
+        """Stop the reaper, the renewals and their threads (waits for them)."""
+        self._reaper.stop()
+        self._heartbeat.stop()
+        # Each ends by the time its leases would count as lost; the
+        # releases of close() wait for the same rows anyway.
+        self._stragglers.stop(0.0)
+
+    def _finish_close(self) -> None:
         self._close_done = True
         lifecycle.forget(self)
         self._dispose()
@@ -537,7 +654,7 @@ class PathLockManager:
     # -- internals used by CustomerLocks and Lease -------------------------------
 
     def _release_node(self, node_id: str) -> int:
-        released = self._store.release_node(node_id)
+        released = self._upkeep.release_node(node_id)
         for customer_id in released:
             self._wakeups.notify(customer_id)
         return sum(released.values())
@@ -587,20 +704,27 @@ class PathLockManager:
         blocking: bool,
         on_lost: LostCallback | None,
         owner: object,
+        cancel: object = None,
+        holder: Owner | None = None,
     ) -> Lease | None:
+        """A request (see :meth:`CustomerLocks.lock_paths`); ``holder``: the
+        owner, found by the caller already (the asyncio API finds it in the
+        caller's task)."""
         paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
         wait_limit = validation.timeout(timeout) if blocking else 0.0
+        event = validation.cancel(cancel)
         request = GrantRequest(
             customer_id=customer_id,
             lease_id=secrets.token_hex(16),
             paths=paths,
-            owner=self._owner(owner),
+            owner=self._owner(owner) if holder is None else holder,
             reason=validation.reason(reason),
             ttl=self.ttl if ttl is None else validation.ttl(ttl),
             abandoned=self._abandoned_leases(),
         )
         callbacks = () if on_lost is None else (on_lost,)
-        with self._call("lock paths"):
+        called = time.monotonic()
+        with self._told(request, called, blocking=blocking), self._call("lock paths"):
             try:
                 granted = acquire(
                     self._store,
@@ -610,11 +734,27 @@ class PathLockManager:
                     blocking=blocking,
                     wait_limit=wait_limit,
                     closed=lambda: self._closed,
+                    cancel=event,
                 )
                 if granted is None:
+                    self._events.timed_out(self._denied(request, called))
                     return None
                 token, started = granted
-                return self._register(request, token, started, callbacks)
+                lease = self._register(request, token, started, callbacks)
+                # In the try: an interrupt in a hook must not leave the lease
+                # registered and unknown to the caller.
+                self._events.granted(
+                    events.Granted(
+                        request.customer_id,
+                        request.lease_id,
+                        request.paths,
+                        request.owner,
+                        token,
+                        time.monotonic() - called,
+                        blocking,
+                    )
+                )
+                return lease  # noqa: TRY300 - see above
             except (BackendError, LockTimeout) as error:
                 if isinstance(error, BackendError) or error.contended or error.unanswered:
                     # An attempt whose COMMIT went out but whose reply never
@@ -627,7 +767,9 @@ class PathLockManager:
                     self._in_doubt.add(request.customer_id, request.lease_id, request.ttl)
                     self._in_doubt.settle_soon()
                 if isinstance(error, ContentionTimeout) and not blocking:
-                    return None  # a try-lock that could not be granted without waiting
+                    # A try-lock that could not be granted without waiting.
+                    self._events.timed_out(self._denied(request, called))
+                    return None
                 raise
             except PathLockError:
                 raise  # denied for good (deadlock, closed): nothing was granted
@@ -638,6 +780,55 @@ class PathLockManager:
                 # rows must not outlive the call unknown to anyone.
                 self._resolve(request.customer_id, request.lease_id, request.ttl)
                 raise
+
+    @contextlib.contextmanager
+    def _told(self, request: GrantRequest, called: float, *, blocking: bool) -> Iterator[None]:
+        """Tell the hooks how a request that did not return ended."""
+        try:
+            yield
+        except LockTimeout as error:
+            waited = time.monotonic() - called
+            self._events.timed_out(
+                events.TimedOut(
+                    request.customer_id,
+                    request.lease_id,
+                    request.paths,
+                    waited,
+                    blocking,
+                    error.unanswered,
+                )
+            )
+            raise
+        except DeadlockDetected:
+            waited = time.monotonic() - called
+            self._events.deadlocked(
+                events.Deadlocked(request.customer_id, request.lease_id, request.paths, waited)
+            )
+            raise
+        except BaseException as error:
+            self._events.failed(self._failure(request, called, error, blocking=blocking))
+            raise
+
+    @staticmethod
+    def _denied(request: GrantRequest, called: float) -> events.TimedOut:
+        """A try-lock that found a conflict."""
+        waited = time.monotonic() - called
+        return events.TimedOut(
+            request.customer_id, request.lease_id, request.paths, waited, False, False
+        )
+
+    @staticmethod
+    def _failure(
+        request: GrantRequest, called: float, error: BaseException, *, blocking: bool
+    ) -> events.Failed:
+        waited = time.monotonic() - called
+        return events.Failed(
+            request.customer_id, request.lease_id, request.paths, waited, error, blocking
+        )
+
+    def _queued_here(self) -> int:
+        # Not the bound method: a forked child gets new wakeups.
+        return self._wakeups.queued()
 
     def _resolve(self, customer_id: int, lease_id: str, ttl: float) -> None:
         """Delete whatever rows ``lease_id`` may have, now if possible, else
@@ -653,7 +844,7 @@ class PathLockManager:
         settled = False
         try:
             # Briefly: the caller is on its way out (an interrupt, a close).
-            with deadlines.limit(time.monotonic() + RESOLVE_TIME):
+            with deadlines.limit(time.monotonic() + self._settings.resolve_time):
                 settled = self._in_doubt.settle()
         finally:
             if not settled:
@@ -674,7 +865,7 @@ class PathLockManager:
         and, on servers that can skip locked rows, pass over a customer whose
         sentinel another transaction holds: that customer's leases are renewed
         by a transaction of their own that waits for its row (see
-        :class:`~pathlock.heartbeat.Stragglers`), so a client frozen in the
+        :class:`~pathlock._heartbeat.Stragglers`), so a client frozen in the
         middle of a grant endangers its own customer's leases only."""
         store = self._renewals if heartbeat else self._store
         # One transaction per ttl and home node: with customer affinity on a
@@ -684,8 +875,11 @@ class PathLockManager:
             key = (lease.ttl, store.home(lease.customer_id))
             groups.setdefault(key, []).append(lease)
         for (ttl, _home), group in groups.items():
-            started = clock.now()
+            started = self._settings.clock.now()
             held, skipped = store.renew(_renewal_rows(group), ttl, wait=not heartbeat)
+            self._tell_renewed(
+                group, held, skipped, self._settings.clock.now() - started, heartbeat
+            )
             skipped_leases: dict[int, list[Lease]] = {}
             for lease in group:
                 if lease.customer_id in skipped:
@@ -699,16 +893,34 @@ class PathLockManager:
                         lease.renew_due = lease.lost_at
                 else:
                     for lease in waiting:
-                        lease.renew_due = clock.now() + min(_SKIPPED_RETRY, ttl / 20)
+                        lease.renew_due = self._settings.clock.now() + min(
+                            self._settings.skipped_retry, ttl / 20
+                        )
+
+    def _tell_renewed(
+        self,
+        leases: list[Lease],
+        held: Collection[str],
+        skipped: Collection[int],
+        seconds: float,
+        background: bool,
+    ) -> None:
+        renewed = sum(1 for lease in leases if lease.lease_id in held)
+        gone = sum(
+            1 for lease in leases if lease.lease_id not in held and lease.customer_id not in skipped
+        )
+        if renewed or gone:
+            self._events.renewed(events.Renewed(renewed, gone, seconds, background))
 
     def _renew_stragglers(self, leases: list[Lease]) -> None:
         """Renew one customer's ``leases`` (of one ttl), waiting for its row
         until they must be presumed lost."""
-        started = clock.now()
+        started = self._settings.clock.now()
         deadline = time.monotonic() + max(0.0, min(lease.lost_at for lease in leases) - started)
         held, _ = self._renewals.renew(
             _renewal_rows(leases), leases[0].ttl, wait=True, deadline=deadline
         )
+        self._tell_renewed(leases, held, (), self._settings.clock.now() - started, True)
         for lease in leases:
             _renewed(lease, lease.lease_id in held, started)
             if lease.lease_id in held:
@@ -722,7 +934,7 @@ class PathLockManager:
         on_lost: tuple[LostCallback, ...],
     ) -> Lease:
         lease = Lease(
-            self,
+            self._keeper,
             customer_id=request.customer_id,
             lease_id=request.lease_id,
             paths=request.paths,
@@ -732,6 +944,7 @@ class PathLockManager:
             ttl=request.ttl,
             attempt_started=started,
             on_lost=(*on_lost, *self._on_lost),
+            emitter=self._events,
         )
         with self._leases_lock:
             closed = self._closed
@@ -748,9 +961,6 @@ class PathLockManager:
     def _verify(self, lease: Lease) -> bool:
         with self._call("verify a lease"):
             return self._store.lease_alive(lease.customer_id, lease.lease_id, len(lease.paths))
-
-    def _run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None:
-        self._heartbeat.run_callbacks(lease, callbacks)
 
     def _release(self, lease: Lease) -> int | None:
         with self._calls.running():
@@ -789,8 +999,8 @@ class PathLockManager:
                     del self._abandoned[lease_id]
             return frozenset(self._abandoned)
 
-    def _release_owner(self, customer_id: int, name: object) -> int:
-        owner = self._owner(name)
+    def _release_owner(self, customer_id: int, name: object, holder: Owner | None = None) -> int:
+        owner = self._owner(name) if holder is None else holder
         with self._call("release locks"):
             with self._leases_lock:
                 mine = [
@@ -803,7 +1013,7 @@ class PathLockManager:
             for lease in mine:
                 lease._mark_released()
             try:
-                return self._store.release_owner(customer_id, owner)
+                released = self._store.release_owner(customer_id, owner)
             except BaseException:
                 # Failed or interrupted: delete them by lease id, soon.
                 for lease in mine:
@@ -812,6 +1022,34 @@ class PathLockManager:
                 raise
             finally:
                 self._wakeups.notify(customer_id)
+        for lease in mine:
+            lease._tell_released()
+        return released
+
+
+class _Keeper:
+    """What the manager's leases may ask of it (:class:`~pathlock.lease.Keeper`)."""
+
+    __slots__ = ("_manager",)
+
+    def __init__(self, manager: PathLockManager) -> None:
+        self._manager = manager
+
+    @property
+    def settings(self) -> Settings:
+        return self._manager.settings
+
+    def release(self, lease: Lease) -> int | None:
+        return self._manager._release(lease)
+
+    def renew(self, leases: list[Lease]) -> None:
+        self._manager._renew_leases(leases)
+
+    def run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None:
+        self._manager._heartbeat.run_callbacks(lease, callbacks)
+
+    def verify(self, lease: Lease) -> bool:
+        return self._manager._verify(lease)
 
 
 class _Calls:
@@ -824,15 +1062,24 @@ class _Calls:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        with self._condition:
-            self._count += 1
+        # Interrupts held back while the condition's lock is taken: one that
+        # raised between Condition.__enter__ taking the lock and the block
+        # (Python code, CPython issue 29988) left it held, and every later
+        # call of every thread hung here (found by the hostile stress run).
+        # A signal held back raises as the block ends: by then the count is
+        # up, and the finally clause takes it down again.
+        counted = False
         try:
+            with interrupts.held_back(), self._condition:
+                self._count += 1
+                counted = True
             yield
         finally:
-            with self._condition:
-                self._count -= 1
-                if not self._count:
-                    self._condition.notify_all()
+            if counted:
+                with interrupts.held_back(), self._condition:
+                    self._count -= 1
+                    if not self._count:
+                        self._condition.notify_all()
 
     def wait_idle(self, timeout: float) -> None:
         with self._condition:

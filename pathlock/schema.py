@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -25,24 +26,20 @@ from sqlalchemy import (
     inspect,
     select,
 )
-from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
-from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateTable
-from sqlalchemy.sql.compiler import DDLCompiler
 
+from pathlock import dialects
 from pathlock.paths import MAX_PATH_LENGTH
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import FetchedValue
 
-REVISION = "0004"
+REVISION = "0005"
 """The Alembic revision these tables correspond to (a test checks it is the
 newest one shipped): lets a SQLite database be checked without loading Alembic."""
-REVISIONS = ("0001", "0002", "0003", "0004")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 VERSION_TABLE = "pathlock_alembic_version"
@@ -54,74 +51,36 @@ metadata = MetaData(
         "uq": "uq_%(table_name)s_%(column_0_N_name)s",
         "ck": "ck_%(table_name)s_%(constraint_name)s",
         "pk": "pk_%(table_name)s",
-    }
+    },
+    # Marks pathlock's own tables for the dialects' DDL (the MySQL family's
+    # NO PAD collation applies to these only).
+    info={"pathlock": True},
 )
 
-# Paths compare byte for byte: a case- or accent-insensitive collation would make
-# /Shared/A and /Shared/a (or café and cafe) one lock. Normalization (NFC, optional
-# case folding) happens in Python, where it is explicit.
-PAD_SPACE_COLLATION = "utf8mb4_bin"
-# Spelled for both dialect names: SQLAlchemy's "mariadb" dialect (a
-# mariadb+pymysql:// URL) reads only mariadb_* options, "mysql" only mysql_*.
-_MYSQL_TABLE: dict[str, Any] = {
-    f"{name}_{option}": value
-    for name in ("mysql", "mariadb")
-    for option, value in (
-        ("engine", "InnoDB"),
-        ("charset", "utf8mb4"),
-        ("collate", PAD_SPACE_COLLATION),
-    )
-}
-
-
-def no_pad_collation(dialect: Dialect) -> str:
-    """The binary collation that also compares trailing spaces. utf8mb4_bin,
-    the one every version knows, is PAD SPACE: it finds '/a ' equal to '/a'
-    (a spurious conflict). MariaDB (10.2+) has utf8mb4_nopad_bin and MySQL 8
-    utf8mb4_0900_bin; MySQL 5.7 has none, and keeps utf8mb4_bin. Without a
-    server to ask (offline SQL from a mysql:// URL), MySQL 8 is assumed."""
-    if getattr(dialect, "is_mariadb", False):
-        return "utf8mb4_nopad_bin"
-    version = getattr(dialect, "server_version_info", None)
-    if version is None or version >= (8,):
-        return "utf8mb4_0900_bin"
-    return PAD_SPACE_COLLATION
-
-
-@compiles(CreateTable, "mysql")
-@compiles(CreateTable, "mariadb")
-def _create_table(element: CreateTable, compiler: DDLCompiler, **kw: Any) -> str:
-    # pathlock's own tables only: the table option above stands for the
-    # server's NO PAD binary collation. Other tables of the application pass
-    # through untouched.
-    text: str = compiler.visit_create_table(element, **kw)  # type: ignore[no-untyped-call]
-    if element.element.metadata is metadata:
-        collation = no_pad_collation(compiler.dialect)
-        text = text.replace(f"COLLATE {PAD_SPACE_COLLATION}", f"COLLATE {collation}")
-    return text
-
-
-# InnoDB index keys are limited to 3072 bytes: 700 utf8mb4 characters plus the
-# customer id fit. Longer paths are still found exactly (the server compares the
-# full column after the index narrows the range); they only share index entries.
-PATH_INDEX_PREFIX = 700
+# What differs between the databases (engine, character set, collation, index
+# prefix, column types) is each dialect's (pathlock.dialects): the tables are
+# written once, with every family's options.
+_TABLE = dialects.table_options()
+PATH_INDEX = dialects.path_index_options()
 
 LEASE_ID_LENGTH = 32
 REASON_LENGTH = 1000
 NODE_ID_LENGTH = 255
 THREAD_LENGTH = 64
 # A manager's identity (16 hex digits), a dot and a holder: "t12", "a7" or
-# "n" + 24 hex digits of a caller's owner name (see pathlock.owners).
+# "n" + 24 hex digits of a caller's owner name (see pathlock._owners).
 OWNER_KEY_LENGTH = 64
 
-# BIGINT keys everywhere, but SQLite only auto-increments INTEGER PRIMARY KEY.
-_BigId = BigInteger().with_variant(Integer(), "sqlite")
+# BIGINT keys that auto-increment.
+_BigId = dialects.column_type("id", BigInteger())
 # Microsecond precision: leases of a few milliseconds must expire in order.
-_Timestamp = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+_Timestamp = dialects.column_type("timestamp", DateTime())
+# A waiter's paths as JSON: up to 100,000 characters of paths and more.
+_LongText = dialects.column_type("long_text", Text())
 
 
 def _owner_key() -> Column[str]:
-    # The owner's identity (pathlock.owners); '' on rows written before it.
+    # The owner's identity (pathlock._owners); '' on rows written before it.
     # Last, where revision 0004 added it.
     return Column("owner_key", String(OWNER_KEY_LENGTH), nullable=False, server_default="")
 
@@ -144,7 +103,12 @@ customer_locks = Table(
     # deleted, so tokens never go back.
     Column("customer_id", BigInteger, primary_key=True, autoincrement=False),
     Column("version", BigInteger, nullable=False, server_default="0"),
-    **_MYSQL_TABLE,
+    # Whether the customer's paths are case-folded: recorded by the first grant
+    # (NULL until then, and on rows written before revision 0005). Managers
+    # with the other setting are refused, since their paths would never meet
+    # the folded ones: /Shared/Foo and /shared/foo would both be granted.
+    Column("case_insensitive", Boolean, nullable=True),
+    **_TABLE,
 )
 
 path_locks = Table(
@@ -163,18 +127,12 @@ path_locks = Table(
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
     # The conflict query: one customer, exact paths (self and ancestors) and
     # ranges of descendants (LIKE 'prefix/%').
-    Index(
-        None,
-        "customer_id",
-        "path",
-        mysql_length={"path": PATH_INDEX_PREFIX},
-        mariadb_length={"path": PATH_INDEX_PREFIX},
-    ),
+    Index(None, "customer_id", "path", **PATH_INDEX),
     Index(None, "lease_id"),  # release and renewal of one lease
     Index(None, "expires_at"),  # the reaper's scan
     Index(None, "node_id", "pid", "thread"),  # node clean-up
     Index(None, "customer_id", "owner_key"),  # release_locks(), the owner's own locks
-    **_MYSQL_TABLE,
+    **_TABLE,
 )
 
 path_lock_waiters = Table(
@@ -186,7 +144,7 @@ path_lock_waiters = Table(
     Column("lease_id", String(LEASE_ID_LENGTH), nullable=False),
     # JSON list of [path, mode] pairs: a request is read and compared as a whole.
     # MEDIUMTEXT on MySQL: TEXT's 64 KiB is less than a valid request may need.
-    Column("paths", Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb"), nullable=False),
+    Column("paths", _LongText, nullable=False),
     *_owner_columns(),
     Column("created_at", _Timestamp, nullable=False),
     # Short, refreshed while the waiter is alive: a dead waiter stops blocking
@@ -198,8 +156,8 @@ path_lock_waiters = Table(
     Index(None, "expires_at"),
     Index(None, "node_id", "pid", "thread"),
     # Tickets never repeat (SQLite would reuse the highest rowid once deleted).
-    sqlite_autoincrement=True,
-    **_MYSQL_TABLE,
+    **dialects.never_reused_options(),
+    **_TABLE,
 )
 
 
@@ -234,8 +192,6 @@ version_table = Table(
 )
 
 _RACES = 5  # create_tables() attempts while other processes create the same tables
-_TABLE_EXISTS = 1050
-_DUPLICATE_ENTRY = 1062
 
 
 def create_tables(engine: Engine) -> None:
@@ -257,16 +213,8 @@ def create_tables(engine: Engine) -> None:
                     if recorded is None:
                         connection.execute(version_table.insert().values(version_num=REVISION))
         except DBAPIError as error:
-            if attempt == _RACES or not _lost_a_race(error):
+            dialect = dialects.for_name(engine.dialect.name)
+            if attempt == _RACES or not dialect.is_duplicate(error):
                 raise
         else:
             return
-
-
-def _lost_a_race(error: DBAPIError) -> bool:
-    """Another process created the table (or recorded the revision) first."""
-    args = getattr(error.orig, "args", ())
-    if args and args[0] in (_TABLE_EXISTS, _DUPLICATE_ENTRY):
-        return True
-    message = str(error.orig)
-    return "already exists" in message or "UNIQUE constraint failed" in message

@@ -3,7 +3,7 @@
 A wait policy is any object with ``start() -> Delays``; ``Delays.next()`` returns
 the seconds to sleep before the next check of one request. A check is a plain
 read of the customer's version, and a full attempt when it moved (see
-:mod:`pathlock.acquire`). The manager never holds a connection or a transaction
+:mod:`pathlock._flow`). The manager never holds a connection or a transaction
 while sleeping, and a release in the same process cuts the sleep short
 (:class:`LocalWakeups`). Fairness does not depend on the policy: the queue
 orders conflicting requests, however eagerly each one polls.
@@ -11,11 +11,13 @@ orders conflicting requests, however eagerly each one polls.
 - :class:`ExponentialBackoff` (the default): short checks at first, growing to
   a cap, so a hand-off is noticed within a few milliseconds and a long wait
   costs a bounded number of cheap reads per second.
-- :class:`ReverseExponentialBackoff`: the seed's policy, kept for comparison.
+- :class:`ReverseExponentialBackoff`: the original blog post's policy, kept
+  for comparison.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -88,19 +90,22 @@ class ExponentialBackoff:
         return float(self.first * self.factor ** (check - 1))
 
     def start(self) -> Delays:
+        """A fresh schedule for one request; it starts over from ``first``
+        whenever the customer's version moves (``reset()``)."""
         return _Schedule(self.delay, self.jitter, restarts=True)
 
 
 class ReverseExponentialBackoff:
-    """The seed's reverse exponential backoff: waits shrink as retries grow.
+    """The reverse exponential backoff of the original blog post's algorithm:
+    waits shrink as retries grow.
 
     Before check ``n`` (1, 2, ...) the wait is ``first ** (1 / k)``
-    milliseconds with ``k = n mod cycle``, never under ``floor``: a request that
-    has been waiting longer polls more eagerly than a newcomer, which was the
-    seed's only means of giving early arrivals the better chance (pathlock's
-    queue now does that). The seed divided by ``n mod 15``, which is
-    zero on every 15th retry and crashed; here ``k`` runs 1..cycle, so the
-    cycle's last step is its shortest wait and the next cycle starts over.
+    milliseconds, where ``k`` runs 1, 2, ..., ``cycle`` and then starts over,
+    never under ``floor``: a request that has been waiting longer polls more
+    eagerly than a newcomer, which was that algorithm's only means of giving
+    early arrivals the better chance (pathlock's queue now does that). The
+    original divided by ``n mod 15``, which is zero on every 15th retry and
+    crashed; here the cycle's last step is its shortest wait.
     ``jitter`` spreads waits by up to that fraction so waiters do not poll in
     lockstep.
 
@@ -136,7 +141,8 @@ class ReverseExponentialBackoff:
         return max(self.floor, milliseconds / 1000)
 
     def start(self) -> Delays:
-        # The seed counted retries per request and never started over.
+        """A fresh schedule for one request; it never starts over."""
+        # The original counted retries per request and never started over.
         return _Schedule(self.delay, self.jitter, restarts=False)
 
 
@@ -157,6 +163,39 @@ class _Schedule:
         return self._delay(self._count) * random.uniform(1 - spread, 1 + spread)  # noqa: S311
 
 
+class Waker(Protocol):
+    """One sleep of a waiting request, which another thread (or task) may
+    cut short. Made armed, under the wake-ups' lock."""
+
+    def wake(self) -> None:
+        """End the sleep (now, or before it begins); any thread may call it."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until woken."""
+        ...
+
+
+class ThreadWaker:
+    """Sleeps on the calling thread: a lock held while it sleeps, released
+    by :meth:`wake`. Not a threading.Condition: its wait() is Python code,
+    and an interrupt (Ctrl-C) between its steps could leave the shared lock
+    released while the with block that took it still counts it as held."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # woken twice
+            self._lock.release()
+
+    def sleep(self, seconds: float) -> None:
+        self._lock.acquire(True, seconds)
+
+
 class LocalWakeups:
     """Lets a release in this process wake this process's waiters of the same
     customer at once, instead of at their next poll: one waiter per place in
@@ -175,10 +214,13 @@ class LocalWakeups:
     lands between the attempt and the sleep is not missed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wakers: Callable[[], Waker] | None = None) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
         self._closed = False
+        # How a waiter sleeps until it is woken: a lock on its own thread, or
+        # an event of the asyncio API's loop.
+        self._wakers: Callable[[], Waker] = ThreadWaker if wakers is None else wakers
 
     def watch(self, customer_id: int) -> Watch:
         """Start watching ``customer_id``; use as a context manager."""
@@ -193,6 +235,11 @@ class LocalWakeups:
                 for watch in entry.watches:
                     if not watch._behind(entry):
                         watch._signal(released=True)
+
+    def queued(self) -> int:
+        """How many requests of this process hold a place in a queue now."""
+        with self._lock:
+            return sum(len(entry.tickets) for entry in self._entries.values())
 
     def close(self) -> None:
         """The manager closes: wake every local waiter, now and from now on,
@@ -218,11 +265,8 @@ class Watch:
     def __init__(self, wakeups: LocalWakeups, customer_id: int) -> None:
         self._wakeups = wakeups
         self._customer_id = customer_id
-        # Held (locked) while this watch sleeps in wait(); a signal unlocks it.
-        # Not a threading.Condition: its wait() is Python code, and an
-        # interrupt (Ctrl-C) between its steps could leave the shared lock
-        # released while the with block that took it still counts it as held.
-        self._waker: threading.Lock | None = None
+        # Armed while this watch sleeps in wait(); a signal wakes it.
+        self._waker: Waker | None = None
         self._entry: _Entry | None = None
         self._ticket: int | None = None
         self._ahead: tuple[int, ...] = ()
@@ -304,8 +348,8 @@ class Watch:
         else:
             self._changed = True
         waker = self._waker
-        if waker is not None and waker.locked():
-            waker.release()
+        if waker is not None:
+            waker.wake()
 
     def wait(self, timeout: float, idle: float | None = None) -> bool:
         """Sleep up to ``timeout`` seconds, or up to ``idle`` seconds (default:
@@ -316,18 +360,17 @@ class Watch:
         entry = self._entry
         if entry is None:
             raise RuntimeError("Watch.wait() outside its with block")
-        waker: threading.Lock | None = None
+        waker: Waker | None = None
         behind = False
         with self._wakeups._lock:
             if not (self._released or self._changed or self._wakeups._closed):
                 behind = idle is not None and self._behind(entry)
-                waker = self._waker = threading.Lock()
-                waker.acquire()
+                waker = self._waker = self._wakeups._wakers()
         if waker is not None:
             seconds = idle if behind and idle is not None else timeout
             # Interruptible (Ctrl-C), and nothing shared is held meanwhile.
             try:
-                waker.acquire(True, min(max(seconds, 0.0), threading.TIMEOUT_MAX))
+                waker.sleep(min(max(seconds, 0.0), threading.TIMEOUT_MAX))
             finally:
                 self._waker = None
         with self._wakeups._lock:

@@ -16,6 +16,11 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.pool import NullPool
 
 from pathlock import CustomerLocks, PathLockManager, migrate
+from pathlock._backends import CONFIG_ENV_VAR
+
+# The machine's /etc/pathlock.toml, if it has one, is not the tests' business:
+# no test (nor any process a test starts) reads it unless the test says so.
+os.environ[CONFIG_ENV_VAR] = ""
 
 MYSQL_URL = os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 

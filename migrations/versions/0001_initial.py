@@ -26,7 +26,7 @@ down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Byte-for-byte path comparison: see the comment on _MYSQL_TABLE in schema.py.
+# Byte-for-byte path comparison: see PAD_SPACE_COLLATION in pathlock/dialects/mysql.py.
 # For both dialect names: a mariadb+pymysql:// URL reads only mariadb_*
 # options. (Until this was spelled out, such a URL failed at the path index,
 # whose prefix length it ignored: no database was ever made that way.)

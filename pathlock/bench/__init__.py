@@ -1,15 +1,27 @@
 """``pathlock bench``: the benchmark suite that writes ``docs/BENCHMARKS.md``.
 
-Seven experiments, each measured beside its baseline in the same run (the
+Nine experiments, each measured beside its baseline in the same run (the
 machines are shared and noisy, so ratios count, not absolute times): the cost
 of one uncontended lock against two durable commits, throughput, fairness on
 one path, a parent folder among busy children, hand-off latency, scale with
-100,000 live locks, and reaping expired rows under load. The baseline of the
-contention experiments is the seed's literal algorithm (:mod:`pathlock.bench.seed`).
+100,000 live locks, reaping expired rows under load, and the asyncio API: the
+event loop's lag while tasks take turns on one path (beside the idle loop) and
+an uncontended lock beside the synchronous API's (:mod:`pathlock.bench.asyncio_api`,
+on the server and on a temporary SQLite file). The baseline of the contention
+experiments is the naive algorithm from the original blog post
+(``SELECT ... FOR UPDATE``, reverse exponential backoff; :mod:`pathlock.bench.naive`).
 
 This module only names things, so that the command line can describe
 ``pathlock bench`` without importing the suite; :mod:`pathlock.bench.suite`
-runs it.
+runs it. Every benchmark takes its percentiles, medians and means from
+:mod:`pathlock.bench.stats`, the suite's and the two beside it:
+
+- :mod:`pathlock.bench.cluster` (``python -m pathlock.bench.cluster``): pathlock
+  on a private 3-node Galera cluster, written to ``docs/BENCHMARKS-CLUSTER.md``.
+  It starts the cluster with ``servers/galera_cluster.py``, so it runs from a
+  checkout of the repository only (it imports on its own).
+- :mod:`pathlock.bench.heartbeat` (``python -m pathlock.bench.heartbeat``): what
+  held leases cost a manager, printed only.
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ EXPERIMENTS: dict[int, str] = {
     5: "Hand-off latency",
     6: "Acquire beside many live locks of the same customer",
     7: "Reaping expired rows while clients acquire",
+    8: "Event-loop lag while asyncio tasks take turns on one path",
+    9: "Uncontended acquire + release, asyncio API beside the synchronous API",
 }
 
 

@@ -1,20 +1,20 @@
 """Who gets a contended path, and when: experiments 3 (fairness on one
 path), 4 (a parent folder among busy children) and 5 (hand-off latency), each
-for pathlock beside the seed's algorithm in the same run."""
+for pathlock beside the naive algorithm from the original blog post (``SELECT ... FOR
+UPDATE``, reverse exponential backoff) in the same run."""
 
 from __future__ import annotations
 
 import math
-import statistics
 
 from pathlock.bench.harness import Bench, alternate
 from pathlock.bench.report import Row, Section, Trace, goal_met
 from pathlock.bench.settings import Settings
-from pathlock.bench.stats import count, mean, ms, percentile, ratio, times
+from pathlock.bench.stats import count, mean, median, ms, percentile, ratio, times
 from pathlock.bench.team import Team
 from pathlock.bench.workers import Algorithm, Job, churn, hand_off, request_once
 
-ALGORITHMS: tuple[Algorithm, ...] = ("pathlock", "seed")
+ALGORITHMS: tuple[Algorithm, ...] = ("pathlock", "naive")
 PATH = "/Shared/bench/file.txt"
 PARENT = "/Shared/parent"
 # How long after the holder's grant the waiter asks, so it surely waits.
@@ -95,7 +95,7 @@ def _fairness_row(processes: int, algorithm: str, waits: Waits) -> Row:
     )
 
 
-def _fairness_meaning(most: int, ours: Waits, seeds: Waits) -> str:
+def _fairness_meaning(most: int, ours: Waits, naive: Waits) -> str:
     longest, spread = _longest(ours), _spread(ours)
     missed = []
     if not goal_met(longest, FAIRNESS_MAX_GOAL):
@@ -108,18 +108,18 @@ def _fairness_meaning(most: int, ours: Waits, seeds: Waits) -> str:
         else "Every process gets its turn within the goal."
     )
     granted = {
-        name: sum(map(len, waits.values())) for name, waits in (("ours", ours), ("seed", seeds))
+        name: sum(map(len, waits.values())) for name, waits in (("ours", ours), ("naive", naive))
     }
     return (
         f"At {most} processes the longest wait was {ms(longest)} with pathlock and "
-        f"{ms(_longest(seeds))} with the seed; the per-process average waits spread "
-        f"{times(spread)} with pathlock and {times(_spread(seeds))} with the seed. {verdict} "
-        f"In the same time pathlock granted the path {granted['ours']:,} times and the seed "
-        f"{granted['seed']:,} times"
+        f"{ms(_longest(naive))} with the naive algorithm; the per-process average waits "
+        f"spread {times(spread)} with pathlock and {times(_spread(naive))} with the naive "
+        f"algorithm. {verdict} In the same time pathlock granted the path "
+        f"{granted['ours']:,} times and the naive algorithm {granted['naive']:,} times"
         + (
-            ": taking turns costs a hand-off per grant (experiment 5), while under the seed "
-            "the last holder, asking again at once, mostly wins."
-            if granted["ours"] < granted["seed"]
+            ": taking turns costs a hand-off per grant (experiment 5), while under the naive "
+            "algorithm the last holder, asking again at once, mostly wins."
+            if granted["ours"] < granted["naive"]
             else "."
         )
     )
@@ -127,7 +127,7 @@ def _fairness_meaning(most: int, ours: Waits, seeds: Waits) -> str:
 
 def fairness(bench: Bench) -> Section:
     """3: n processes take one path in turn (hold 1 ms, release, ask again at
-    once); the wait of every grant, for pathlock and the seed."""
+    once); the wait of every grant, for pathlock and the naive algorithm."""
     settings = bench.settings
     waits, trace = _run_fairness(bench)
     most = max(settings.fairness_processes)
@@ -135,14 +135,15 @@ def fairness(bench: Bench) -> Section:
     longest, spread = _longest(ours), _spread(ours)
     return Section(
         number=3,
-        method="The thesis experiment: "
+        method="The waiting-time experiment of the Cassandra lock thesis: "
         + ", ".join(map(str, settings.fairness_processes))
         + " worker processes take the same path of one customer in turn: request, hold "
         f"{settings.fairness_hold * 1000:g} ms once granted, release, request again at once, "
-        f"for {settings.fairness_seconds:g} s per round "
-        f"({count(settings.fairness_rounds, 'round')} each, pathlock and the seed alternating, "
-        "each round on a fresh customer). The wait is the time from request to grant; the "
-        "spread is the largest per-process average wait over the smallest.",
+        f"for {settings.fairness_seconds:g} s per round; pathlock and the naive algorithm "
+        "from the original blog post (`SELECT ... FOR UPDATE`, reverse exponential backoff) "
+        f"alternate, {count(settings.fairness_rounds, 'round')} each, each round on a fresh "
+        "customer. The wait is the time from request to grant; the spread is the largest "
+        "per-process average wait over the smallest.",
         header=(
             "processes",
             "algorithm",
@@ -162,7 +163,7 @@ def fairness(bench: Bench) -> Section:
         f"{FAIRNESS_SPREAD_GOAL}×",
         result=f"max {ms(longest)}, spread {times(spread)}",
         met=goal_met(longest, FAIRNESS_MAX_GOAL) and goal_met(spread, FAIRNESS_SPREAD_GOAL),
-        meaning=_fairness_meaning(most, ours, waits[most, "seed"]),
+        meaning=_fairness_meaning(most, ours, waits[most, "naive"]),
         trace=trace,
     )
 
@@ -219,7 +220,7 @@ def _time_to_grant(wait: float, cap: float) -> str:
 
 def parent_folder(bench: Bench) -> Section:
     """4: how long a lock on a parent folder waits while processes keep
-    locking its children, for pathlock and the seed."""
+    locking its children, for pathlock and the naive algorithm."""
     settings = bench.settings
     team = bench.team()
     cap = settings.parent_cap
@@ -238,22 +239,23 @@ def parent_folder(bench: Bench) -> Section:
         return (
             algorithm,
             ", ".join(_time_to_grant(wait, cap) for wait in mine),
-            _time_to_grant(statistics.median(mine), cap),
+            _time_to_grant(median(mine), cap),
             _time_to_grant(max(mine), cap),
             f"{child_grants[algorithm]:,}",
         )
 
     longest = max(waits["pathlock"])
     met = goal_met(longest, PARENT_GOAL)
-    seed_granted = sum(not math.isinf(wait) for wait in waits["seed"])
+    naive_granted = sum(not math.isinf(wait) for wait in waits["naive"])
     return Section(
         number=4,
         method=f"{settings.parent_children} worker processes keep locking children of "
         f"`{PARENT}` (`{PARENT}/c1` …, each its own, hold {settings.parent_hold * 1000:g} ms, "
         f"release, again at once); after {settings.parent_settle:g} s another process requests "
         f"`{PARENT}` (waiting {cap:g} s at most) and releases it once granted. "
-        f"{count(settings.parent_repeats, 'request')} per algorithm, pathlock and the seed "
-        "alternating, each on a fresh customer.",
+        f"{count(settings.parent_repeats, 'request')} per algorithm, pathlock and the naive "
+        "algorithm from the original blog post (`SELECT ... FOR UPDATE`, reverse exponential "
+        "backoff) alternating, each on a fresh customer.",
         header=("algorithm", "time to grant of the parent", "median", "max", "children's grants"),
         rows=[row(algorithm) for algorithm in ALGORITHMS],
         goal=f"≤ {ms(PARENT_GOAL)}",
@@ -262,11 +264,11 @@ def parent_folder(bench: Bench) -> Section:
         meaning=f"The parent needs a moment when none of the {settings.parent_children} "
         "children is held, unless the children's new requests queue behind it. "
         + ("pathlock granted it within the goal every time" if met else "pathlock did not")
-        + f"; the seed granted {seed_granted} of {len(waits['seed'])} requests within "
-        f"{cap:g} s"
+        + f"; the naive algorithm granted {naive_granted} of {len(waits['naive'])} requests "
+        f"within {cap:g} s"
         + (
             ", since a poll every 10 ms seldom finds every child free at once."
-            if seed_granted < len(waits["seed"])
+            if naive_granted < len(waits["naive"])
             else "."
         ),
     )
@@ -347,8 +349,9 @@ def hand_off_latency(bench: Bench) -> Section:
         + " or ".join(map(_hold, holds))
         + " (in turn) past that request. Latency is the waiter's grant time minus the "
         "moment the holder's `release()` returned (`time.monotonic()` in both processes). "
-        f"{count(settings.handoff_rounds, 'round')} per algorithm, pathlock and the seed "
-        "alternating"
+        f"{count(settings.handoff_rounds, 'round')} per algorithm, pathlock and the naive "
+        "algorithm from the original blog post (`SELECT ... FOR UPDATE`, reverse exponential "
+        "backoff) alternating"
         + (f"; {count(dropped, 'round')} where the holder came late dropped" if dropped else "")
         + ". With this many rounds p99 is close to the maximum.",
         header=("algorithm", "hold", "rounds", "p50", "p99", "max"),
@@ -361,7 +364,7 @@ def hand_off_latency(bench: Bench) -> Section:
         result=ms(medians["pathlock"]),
         met=goal_met(medians["pathlock"], HANDOFF_GOAL),
         meaning=f"A released path reaches a waiter in another process after "
-        f"{ms(medians['pathlock'])} at the median with pathlock and {ms(medians['seed'])} "
-        "with the seed. A waiter that only polls notices a release at its next poll, so its "
-        "wait schedule, not the database, sets this figure.",
+        f"{ms(medians['pathlock'])} at the median with pathlock and {ms(medians['naive'])} "
+        "with the naive algorithm. A waiter that only polls notices a release at its next "
+        "poll, so its wait schedule, not the database, sets this figure.",
     )

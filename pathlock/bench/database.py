@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, bindparam, delete, insert, select, text
 
+from pathlock._statements import now
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks
-from pathlock.statements import now
 from pathlock.types import EXCLUSIVE
 
 FLOOR_TABLE = "pathlock_bench_floor"

@@ -1,5 +1,6 @@
 """The fairness figure: every grant of experiment 3 at its largest process
-count, wait over time, one colour per process, pathlock beside the seed.
+count, wait over time, one colour per process, pathlock beside the naive
+algorithm.
 Needs matplotlib (``pip install 'pathlock[bench]'``); without it the suite
 runs all the same and says the plot was skipped."""
 

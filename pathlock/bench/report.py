@@ -17,8 +17,8 @@ Trace = dict[str, list[tuple[int, float, float]]]
 INTRO = """\
 # Benchmarks
 
-Figures come from the benchmark suite, `pathlock bench` (in a checkout also
-`python benchmarks/run.py`), never from timed assertions in tests. Each figure is measured
+Figures come from the benchmark suite, `pathlock bench` (also
+`python -m pathlock bench`), never from timed assertions in tests. Each figure is measured
 beside its baseline in the same run, in alternating rounds where that makes sense, and the
 ratio is what counts: these machines are shared and noisy. The suite writes this page; run it
 again to refresh it (`pathlock bench --help`; `--quick` is a smoke test whose figures mean
@@ -29,17 +29,22 @@ How the figures are taken:
 - Concurrent clients are worker processes started with the `spawn` method (fresh interpreters,
   like app servers' processes), started once before the first experiment. Each has its own
   `PathLockManager` with default settings and its own connections.
+- Experiments 8 and 9 measure the asyncio API, `AsyncPathLockManager`
+  (`pip install 'pathlock[async]'`), in the suite's own process, on the server (through asyncmy)
+  and on a temporary SQLite file (through aiosqlite), each beside its baseline on the same
+  database: the idle event loop, and the synchronous `PathLockManager`.
 - Times that cross processes (a request in one, a release in another) are `time.monotonic()`:
   on Linux `CLOCK_MONOTONIC` is one clock for the whole system, so they compare directly.
 - Every experiment works in fresh random customer ids and deletes its rows afterwards, bulk
   rows included. Experiment 7 reaps every expired row of the database, as `pathlock reap`
   does: run the suite against a database of its own.
-- The baseline of experiments 3 to 5, *seed*, is the seed's literal algorithm
-  (`pathlock/bench/seed.py`) on the same tables and conflict query: one transaction per
-  attempt that locks the customer's sentinel row (`SELECT ... FOR UPDATE`), looks for
-  conflicting live rows and inserts its rows or rolls back; a denied request sleeps the
-  seed's reverse exponential backoff (250 ms, 15.8 ms, then 10 ms, no jitter) and tries
-  again. No queue, no version watch, no wake-ups.
+- The baseline of experiments 3 to 5, *naive*, is the naive algorithm from the original blog
+  post (`SELECT ... FOR UPDATE`, reverse exponential backoff; `pathlock/bench/naive.py`) on the
+  same tables and conflict query: one transaction per attempt that locks the customer's
+  sentinel row (`SELECT ... FOR UPDATE`), looks for conflicting live rows and inserts its rows
+  or rolls back; a denied request sleeps the original blog post's reverse exponential backoff
+  (250 ms, 15.8 ms, then 10 ms, no jitter) and tries again. No queue, no version watch, no
+  wake-ups.
 """
 
 

@@ -41,6 +41,15 @@ class Settings:
     reap_rows: int
     reap_clients: int
     reap_baseline_seconds: float
+    # 8. asyncio: tasks taking turns on one path while a timer measures the loop
+    loop_tasks: int
+    loop_hold: float
+    loop_interval: float
+    loop_rounds: int
+    loop_idle_seconds: float
+    # 9. asyncio against synchronous: alternating rounds per database
+    versus_rounds: int
+    versus_per_round: int
 
     def describe(self) -> list[str]:
         """The settings, one markdown bullet per experiment."""
@@ -63,11 +72,16 @@ class Settings:
             f"{self.scale_per_round} operations, alternating",
             f"- 7: {self.reap_rows:,} expired rows, {self.reap_clients} client processes, "
             f"{self.reap_baseline_seconds:g} s measured before the reap",
+            f"- 8: {self.loop_tasks} tasks, hold {self.loop_hold * 1000:g} ms, a timer every "
+            f"{self.loop_interval * 1000:g} ms, {count(self.loop_rounds, 'round')} per database, "
+            f"each after {self.loop_idle_seconds:g} s of the idle loop",
+            f"- 9: {count(self.versus_rounds, 'round')} of {self.versus_per_round} operations "
+            "per API and database, synchronous and asyncio alternating",
         ]
 
     def workers(self, experiments: Iterable[int]) -> int:
-        """How many worker processes ``experiments`` need at most (1 and 6
-        run in the parent alone)."""
+        """How many worker processes ``experiments`` need at most (1, 6, 8
+        and 9 run in the parent alone)."""
         needs = {
             2: self.throughput_processes,
             3: max(self.fairness_processes),
@@ -102,6 +116,13 @@ FULL = Settings(
     reap_rows=1_000_000,
     reap_clients=4,
     reap_baseline_seconds=5.0,
+    loop_tasks=100,
+    loop_hold=0.001,
+    loop_interval=0.001,
+    loop_rounds=5,
+    loop_idle_seconds=0.5,
+    versus_rounds=10,
+    versus_per_round=100,
 )
 
 # The smoke test's sizes: the same experiments, briefly (figures mean nothing).
@@ -123,4 +144,9 @@ QUICK = replace(
     scale_per_round=25,
     reap_rows=10_000,
     reap_baseline_seconds=0.5,
+    loop_tasks=20,
+    loop_rounds=1,
+    loop_idle_seconds=0.2,
+    versus_rounds=2,
+    versus_per_round=25,
 )

@@ -8,12 +8,26 @@ from collections.abc import Sequence
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile (``fraction`` 0.5 is the median); NaN
-    for no samples."""
+    """The nearest-rank percentile: the smallest sample that at least
+    ``fraction`` of the samples are no greater than (``fraction`` 0.5: the
+    lower median, 2 of [1, 2, 3, 4]; 0.99 of 100 samples: the 99th). NaN for
+    no samples. The one percentile of every benchmark of the project."""
     if not samples:
         return math.nan
+    if not 0 < fraction <= 1:
+        raise ValueError(f"a percentile's fraction is in (0, 1], got {fraction}")
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+    # The rank is ceil(fraction * n); the rounding guards against 0.29 * 100
+    # coming out as 28.999999999999996 in binary floating point.
+    rank = math.ceil(round(fraction * len(ordered), 9))
+    return ordered[max(rank, 1) - 1]
+
+
+def median(samples: Sequence[float]) -> float:
+    """The median as every report says it: ``percentile(samples, 0.5)``, the
+    lower median of an even number of samples (a sample, never an average of
+    two). NaN for no samples."""
+    return percentile(samples, 0.5)
 
 
 def mean(samples: Sequence[float]) -> float:

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import PathLockManager
-from pathlock.bench import EXPERIMENTS, PLOT_NAME, BenchError, contention, costs
+from pathlock.bench import EXPERIMENTS, PLOT_NAME, BenchError, asyncio_api, contention, costs
 from pathlock.bench.database import Server, create_floor_table, describe_server, drop_floor_table
 from pathlock.bench.harness import Bench
 from pathlock.bench.plot import plot_fairness
@@ -30,6 +30,8 @@ RUNS: dict[int, Callable[[Bench], Section]] = {
     5: contention.hand_off_latency,
     6: costs.scale,
     7: costs.reaping,
+    8: asyncio_api.event_loop_lag,
+    9: asyncio_api.async_against_sync,
 }
 
 
@@ -107,7 +109,8 @@ def _plot(section: Section, output: Path | None, hold: float) -> str:
     if skipped is not None:
         return f"The fairness plot was skipped: {skipped}."
     return (
-        f"![Wait of every grant over time, {processes} processes, pathlock beside the seed]"
+        f"![Wait of every grant over time, {processes} processes, pathlock beside the naive "
+        "algorithm]"
         f"({PLOT_NAME})\n\nEach dot is one grant at {processes} processes, placed at its time "
         "in the round and its wait; one colour per process. Fair waiting shows as bands of "
         "the same height for every colour."
@@ -136,6 +139,7 @@ def _environment(url: str, server: Server) -> list[tuple[str, str]]:
         ("Python", f"{platform.python_implementation()} {platform.python_version()}"),
         ("SQLAlchemy", _version("SQLAlchemy")),
         ("PyMySQL", _version("PyMySQL")),
+        ("asyncmy, aiosqlite", f"{_version('asyncmy')}, {_version('aiosqlite')}"),
         ("pathlock", _version("pathlock")),
         ("server", f"{server.version} at {where.host}:{where.port or 3306}"),
         ("innodb_flush_log_at_trx_commit", server.flush_log_at_trx_commit),

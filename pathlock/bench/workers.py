@@ -2,7 +2,7 @@
 
 Each worker is a process of its own (the ``spawn`` start method: a fresh
 interpreter, as an app server's process would be) with its own
-:class:`PathLockManager` (default settings), its own engine for the seed's
+:class:`PathLockManager` (default settings), its own engine for the naive
 algorithm and the floor, and one connection of each warmed up. It runs jobs
 sent by :class:`pathlock.bench.team.Team`: a job is a module-level function of
 this module and its keyword arguments. Jobs start at an agreed
@@ -25,10 +25,10 @@ from sqlalchemy import create_engine, text
 from pathlock import LockTimeout, PathLockManager
 from pathlock.bench import BenchError
 from pathlock.bench.database import Floor
-from pathlock.bench.seed import SeedLocks
+from pathlock.bench.naive import NaiveLocks
 from pathlock.lease import Lease
 
-Algorithm = Literal["pathlock", "seed", "floor"]
+Algorithm = Literal["pathlock", "naive", "floor"]
 
 Job = tuple[Callable[..., Any], dict[str, Any]]
 """A module-level function taking the worker's :class:`Context` first, and
@@ -63,15 +63,15 @@ class _Pathlock:
         held.release()
 
 
-class _Seed:
-    def __init__(self, seed: SeedLocks) -> None:
-        self._seed = seed
+class _Naive:
+    def __init__(self, naive: NaiveLocks) -> None:
+        self._naive = naive
 
     def acquire(self, path: str, timeout: float) -> str | None:
-        return self._seed.acquire(path, timeout=timeout)
+        return self._naive.acquire(path, timeout=timeout)
 
     def release(self, held: str) -> None:
-        self._seed.release(held)
+        self._naive.release(held)
 
 
 class Context:
@@ -93,8 +93,8 @@ class Context:
     def locker(self, algorithm: Algorithm, customer_id: int) -> Locker:
         if algorithm == "pathlock":
             return _Pathlock(self.manager, customer_id)
-        if algorithm == "seed":
-            return _Seed(SeedLocks(self.engine, customer_id, node_id=self.node_id))
+        if algorithm == "naive":
+            return _Naive(NaiveLocks(self.engine, customer_id, node_id=self.node_id))
         return Floor(self.engine)
 
     def close(self) -> None:

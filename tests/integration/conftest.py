@@ -8,7 +8,7 @@ import pymysql
 import pytest
 
 from pathlock import migrate
-from tests import galera_cluster, private_mariadb
+from servers import galera_cluster, private_mariadb
 
 PRIVATE_DATABASE = "pathlock_faults"
 # The database of the session's Galera cluster, migrated through node 1.
@@ -19,7 +19,7 @@ CLUSTER_DATABASE = "pathlock_cluster"
 def private_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[private_mariadb.PrivateMariaDB]:
-    """A MariaDB server of this test module alone (see ``tests/private_mariadb.py``),
+    """A MariaDB server of this test module alone (see ``servers/private_mariadb.py``),
     which a test may stop, kill and start again, with the pathlock schema migrated
     into ``PRIVATE_DATABASE``."""
     reason = private_mariadb.missing()
@@ -37,7 +37,7 @@ def private_server(
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[galera_cluster.GaleraCluster]:
-    """A running 3-node Galera cluster (``tests/galera_cluster.py``), started
+    """A running 3-node Galera cluster (``servers/galera_cluster.py``), started
     once for the whole session and shared by every test module that asks, with
     pathlock's schema migrated through node 1 into ``CLUSTER_DATABASE``. A
     test that kills or isolates nodes takes ``healthy_cluster`` instead."""

@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from pathlock import PathLockManager
-from pathlock.records import WAITER_TTL
+from pathlock.settings import DEFAULT as SETTINGS
 from tests.integration import fault_worker
 from tests.integration.fault_worker import FaultSpec
 from tests.integration.test_stress import (
@@ -562,7 +562,9 @@ def settle(database_url: str, customer_id: int, ttl: float = TTL) -> EndState:
         longest_waiter = max((longest for _, longest in waiters.values()), default=0.0)
         # Nothing is renewed once its holder is gone: no row outlives a ttl.
         assert longest_lock <= ttl + SLACK, f"lock rows outlive their ttl: {locks}"
-        assert longest_waiter <= WAITER_TTL + SLACK, f"queue rows outlive theirs: {waiters}"
+        assert longest_waiter <= SETTINGS.waiter_ttl + SLACK, (
+            f"queue rows outlive theirs: {waiters}"
+        )
         wait = max(longest_lock, longest_waiter)
         with PathLockManager(database_url, node_id="fault-probe", ttl=TTL) as manager:
             asked = time.monotonic()

@@ -8,7 +8,6 @@ and imports only pathlock, not pytest.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from multiprocessing.queues import Queue
@@ -27,15 +26,20 @@ def request(
     name: str,
     events: Queue[tuple[str, ...]],
 ) -> None:
-    """Lock ``path`` exclusively, then put ``("granted", name, pid)`` on
-    ``events`` and release at once. A failure is put as ``("error", name,
-    traceback)``."""
+    """Lock ``path`` exclusively, then put ``("granted", name, fencing token)``
+    on ``events`` and release at once. A failure is put as ``("error", name,
+    traceback)``.
+
+    The order in which events arrive is not the order of the grants: a
+    ``multiprocessing.Queue`` hands each item to a feeder thread, so the next
+    process in line can be granted and be heard first. The fencing token is
+    the grant's place in the customer's order."""
     try:
         with PathLockManager(database_url, node_id=f"queue-worker-{name}") as manager:
             lease = manager.for_customer(customer_id).lock_paths(
                 path, timeout=WAIT_SECONDS, reason=name
             )
-            events.put(("granted", name, str(os.getpid())))
+            events.put(("granted", name, str(lease.fencing_token)))
             lease.release()
     except BaseException:
         events.put(("error", name, traceback.format_exc()))

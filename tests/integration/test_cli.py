@@ -31,9 +31,9 @@ import pytest
 from sqlalchemy import Engine, Row, delete, select
 
 from pathlock import CustomerLocks, PathLockManager
-from pathlock.backends import URL_ENV_VAR
+from pathlock._backends import URL_ENV_VAR
 from pathlock.cli import main
-from pathlock.schema import customer_locks, path_locks
+from pathlock.schema import REVISION, customer_locks, path_locks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,13 +77,14 @@ def _environment() -> dict[str, str]:
     return environment
 
 
-def pathlock(*args: str) -> subprocess.CompletedProcess[str]:
+def pathlock(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pathlock args``, with ``variables`` added to its environment."""
     return subprocess.run(
         [*PATHLOCK, *args],
         capture_output=True,
         text=True,
         timeout=WAIT * 2,
-        env=_environment(),
+        env={**_environment(), **variables},
         check=False,
     )
 
@@ -344,6 +345,35 @@ def test_sigterm_while_waiting_stops_waiting_and_holds_nothing(
     assert not ran.exists()
 
 
+def test_a_second_sigterm_stops_a_wait_on_a_database_that_does_not_answer(
+    customer_id: int, tmp_path: Path, spawn: Spawn
+) -> None:
+    # The first stop signal cancels the wait, which ends once the database
+    # call under way returns: against a server that never answers, after the
+    # call's time (10 s), with a DatabaseTimeout. The second one interrupts
+    # the call: pathlock stops waiting (its close() then gives the request's
+    # clean-up its bound against the silent server).
+    ran = tmp_path / "ran"
+    with socket.socket() as listener:  # accepts connections, never speaks
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"mysql+pymysql://root@127.0.0.1:{listener.getsockname()[1]}/test"
+        running = spawn(
+            "lock", "-v", "--database-url", url, "--customer", str(customer_id),
+            "/a", "--", *python(TOUCH, ran),
+        )  # fmt: skip
+        running.wait_for_line("locking /a")
+        time.sleep(0.3)
+        running.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert running.process.poll() is None  # still in its database call
+        running.process.send_signal(signal.SIGTERM)
+        assert running.finish() == 128 + signal.SIGTERM, running.stderr
+    assert "nothing is held" in running.stderr
+    assert "DatabaseTimeout" not in running.stderr
+    assert not ran.exists()
+
+
 def test_lost_lease_stops_the_command_and_exits_122(
     database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path, spawn: Spawn
 ) -> None:
@@ -514,7 +544,7 @@ def test_reap_deletes_exactly_the_expired_rows(
     result = pathlock("reap", "--database-url", database_url, "--batch-size", "1")
     assert result.returncode == 0, result.stderr
     match = re.fullmatch(
-        r"pathlock reap: deleted (\d+) expired rows in \d+\.\d\d s\n", result.stdout
+        r"pathlock reap: deleted (\d+) expired rows? in \d+\.\d\d s\n", result.stdout
     )
     assert match, result.stdout
     assert int(match.group(1)) >= 2  # other tests may leave expired rows of their own
@@ -566,6 +596,7 @@ def test_db_upgrade_sql_prints_the_schema(database_url: str) -> None:
         ["db"],
         ["db", "upgrade"],
         ["db", "check"],
+        ["info"],
     ],
 )
 def test_help_shows_examples(subcommand: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -584,12 +615,73 @@ def test_verbose_says_which_database(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'locks.sqlite3'}"
     result = pathlock("-v", "ls", "--database-url", url)
     assert result.returncode == 0, result.stderr
-    assert f"pathlock: database: {url}\n" in result.stderr
+    assert f"pathlock: database: {url} (from --database-url)\n" in result.stderr
     result = pathlock(
         "ls", "-v", "--database-url", "mysql+pymysql://app:secret@127.0.0.1:9/app"
     )  # nothing listens: the line comes first, then the error
     assert "pathlock: database: mysql+pymysql://app:***@127.0.0.1:9/app" in result.stderr
     assert "secret" not in result.stderr
+
+
+def test_info_says_which_database_what_chose_it_and_what_is_in_it(
+    mariadb_url: str, customer_id: int
+) -> None:
+    with PathLockManager(mariadb_url) as manager:
+        locks = manager.for_customer(customer_id)
+        with locks.lock_paths("/a", "/b"), manager.for_customer(customer_id + 1).lock_paths("/c"):
+            shown = pathlock("info", "--database-url", mariadb_url)
+            facts = json.loads(pathlock("info", "--json", "--database-url", mariadb_url).stdout)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1:3] == [f"database:   {mariadb_url}", "chosen by:  --database-url"]
+    assert re.fullmatch(r"server:     MariaDB 10\.\S+", lines[3])
+    assert lines[4] == f"schema:     at revision {REVISION}, the newest this pathlock ships"
+    # Other tests' locks may be held at the same time: at least ours.
+    held = re.fullmatch(
+        r"locks:      (\d+) paths of (\d+) customers locked, \d+ requests? waiting", lines[5]
+    )
+    assert held is not None, lines[5]
+    assert int(held[1]) >= 3
+    assert int(held[2]) >= 2
+    assert facts["databases"] == [mariadb_url]
+    assert facts["revision"] == REVISION
+    assert facts["locks"] >= 3
+
+
+def test_info_names_the_configuration_file_that_chose_the_database(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    config = tmp_path / "pathlock.toml"
+    config.write_text(f'# the lock database of every user\ndatabase_url = "{url}"\n')
+    result = pathlock("info", PATHLOCK_CONFIG=str(config))
+    assert result.returncode == 0, result.stderr
+    assert f"database:   {url}\nchosen by:  {config}\n" in result.stdout
+    assert "locks:      0 paths locked, 0 requests waiting" in result.stdout
+    # The environment variable wins over the file.
+    other = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    result = pathlock("info", PATHLOCK_CONFIG=str(config), PATHLOCK_DATABASE_URL=other)
+    assert f"database:   {other}\nchosen by:  $PATHLOCK_DATABASE_URL\n" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read pathlock's configuration file"),
+        ("database_url = ", "is not valid TOML"),
+        ("database = 'sqlite:///x'", "must set database_url to a URL string"),
+        ("database_url = 42", "must set database_url to a URL string"),
+    ],
+)
+def test_a_bad_configuration_file_is_one_clear_line(
+    tmp_path: Path, content: str | None, problem: str
+) -> None:
+    config = tmp_path / "pathlock.toml"
+    if content is not None:
+        config.write_text(content)
+    result = pathlock("ls", PATHLOCK_CONFIG=str(config))
+    assert result.returncode == 1
+    _one_line_error(result)
+    assert problem in result.stderr
+    assert str(config) in result.stderr
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

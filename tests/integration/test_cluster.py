@@ -1,6 +1,6 @@
 """pathlock on a 3-node MariaDB Galera cluster: the smoke tests.
 
-The cluster is a private one (``tests/galera_cluster.py``), started once for
+The cluster is a private one (``servers/galera_cluster.py``), started once for
 the session (``tests/integration/conftest.py``), with pathlock's schema
 migrated on node 1 (DDL replicates to the others). What is checked:
 
@@ -43,7 +43,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from pathlock import PathLockError, PathLockManager
-from tests import galera_cluster
+from servers import galera_cluster
 from tests.integration.test_stress import Hold, assert_safe, read_results, run_workers
 
 pytestmark = pytest.mark.cluster

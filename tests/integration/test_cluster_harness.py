@@ -1,4 +1,4 @@
-"""The Galera harness's repair (``tests/galera_cluster.py``), on the session's
+"""The Galera harness's repair (``servers/galera_cluster.py``), on the session's
 cluster, with plain SQL (no pathlock): node 1 killed and node 3 isolated at
 once (node 2, alone, loses the majority too), ``ensure_healthy`` brings all
 three back with the data. Every cluster test leans on that repair (the
@@ -16,7 +16,7 @@ import secrets
 import pymysql
 import pytest
 
-from tests import galera_cluster
+from servers import galera_cluster
 from tests.integration.conftest import CLUSTER_DATABASE
 
 pytestmark = pytest.mark.cluster

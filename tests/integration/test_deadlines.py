@@ -10,14 +10,15 @@ SQLite file whose write lock another process holds. Before these bounds, such
 calls took 30 s per attempt (socket timeout) or 10 s (connect or SQLite busy
 timeout), five attempts in a row, whatever the caller's timeout.
 
-The documented bounds: a lock request within its timeout + 0.5 s, a try-lock
-within 2 s, any other call within 10.5 s, ``close()`` within 10.5 s however
-many leases it releases. The assertions allow 2 s more for a loaded machine.
+The documented bounds, with the default :class:`Settings`: a lock request
+within its timeout + 0.5 s, a try-lock within 10.5 s, any other call within
+10.5 s, ``close()`` within 10.5 s however many leases it releases. Tests of
+a try-lock and of a listing check the defaults; the others run with shorter
+settings (``FAST``), which the bounds follow. The assertions allow 2 s more for a loaded machine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import signal
@@ -33,19 +34,24 @@ import pymysql
 import pytest
 from sqlalchemy import create_engine, text
 
-from pathlock import BackendError, LockTimeout, PathLockManager
-from tests import private_mariadb
+from pathlock import BackendError, LockTimeout, PathLockManager, Settings
+from servers import private_mariadb
 from tests.integration.conftest import PRIVATE_DATABASE
 from tests.integration.test_outages import reply_lost_after_commit
 
 pytestmark = pytest.mark.timeout(90)
 
 # The documented bounds (README, "Failures"), and what a loaded machine adds.
-GRACE = 0.5
-TRY_BOUND = 10.5
-CALL_BOUND = 10.5
-CLOSE_BOUND = 10.5
+DEFAULT = Settings()
+GRACE = DEFAULT.grace
+TRY_BOUND = DEFAULT.try_time + DEFAULT.grace
+CALL_BOUND = DEFAULT.call_time + DEFAULT.grace
 SLACK = 2.0
+# Shorter bounds, for the tests that are about where a bound applies rather
+# than about its default value.
+FAST = Settings(try_time=2.0, call_time=2.0, close_time=2.5, schema_check_time=0.5)
+FAST_TRY_BOUND = FAST.try_time + FAST.grace
+FAST_CLOSE_BOUND = FAST.close_time
 
 
 def _timed(call: Callable[[], object]) -> tuple[BaseException | None, float]:
@@ -124,24 +130,16 @@ def test_a_listing_from_a_server_that_never_answers_is_bounded(silent_port: int)
 def test_an_unreachable_host_costs_a_request_its_timeout(
     black_hole_port: int, customer_id: int
 ) -> None:
-    with PathLockManager(_mysql_url(black_hole_port), node_id="hole", heartbeat=False) as manager:
+    with PathLockManager(
+        _mysql_url(black_hole_port), node_id="hole", heartbeat=False, settings=FAST
+    ) as manager:
         locks = manager.for_customer(customer_id)
         error, took = _timed(lambda: locks.lock_paths("/a", timeout=0.2))
         _assert_unanswered_lock_timeout(error)
         assert took < 0.2 + GRACE + SLACK
         error, took = _timed(lambda: locks.try_lock_paths("/a"))
         _assert_database_timeout(error)
-        assert took < TRY_BOUND + SLACK
-
-
-@contextlib.contextmanager
-def _stopped(server: private_mariadb.PrivateMariaDB) -> Iterator[None]:
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
+        assert took < FAST_TRY_BOUND + SLACK
 
 
 @pytest.fixture
@@ -154,16 +152,16 @@ def private_url(private_server: private_mariadb.PrivateMariaDB) -> str:
 def test_a_stopped_server_costs_a_request_its_timeout(
     private_server: private_mariadb.PrivateMariaDB, private_url: str, customer_id: int
 ) -> None:
-    with PathLockManager(private_url, node_id="stopped", heartbeat=False) as manager:
+    with PathLockManager(private_url, node_id="stopped", heartbeat=False, settings=FAST) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/a").release()  # a pooled connection, alive
-        with _stopped(private_server):
+        with private_server.frozen():
             error, took = _timed(lambda: locks.lock_paths("/b", timeout=1))
             _assert_unanswered_lock_timeout(error)
             assert took < 1 + GRACE + SLACK
             error, took = _timed(lambda: locks.try_lock_paths("/b"))
             _assert_database_timeout(error)
-            assert took < TRY_BOUND + SLACK
+            assert took < FAST_TRY_BOUND + SLACK
         # The timed-out connections were dropped, not pooled: the same
         # manager works as soon as the server answers again.
         with locks.lock_paths("/b", timeout=10) as lease:
@@ -173,12 +171,12 @@ def test_a_stopped_server_costs_a_request_its_timeout(
 def test_close_releases_within_its_bound_when_the_server_stopped(
     private_server: private_mariadb.PrivateMariaDB, private_url: str, customer_id: int
 ) -> None:
-    manager = PathLockManager(private_url, node_id="closing", heartbeat=False)
+    manager = PathLockManager(private_url, node_id="closing", heartbeat=False, settings=FAST)
     leases = [manager.for_customer(customer_id).lock_paths(f"/{n}") for n in range(3)]
-    with _stopped(private_server):
+    with private_server.frozen():
         error, took = _timed(manager.close)
     assert error is None  # releases that fail are logged, their rows left to expire
-    assert took < CLOSE_BOUND + SLACK
+    assert took < FAST_CLOSE_BOUND + SLACK
     assert all(lease.released for lease in leases)
 
 
@@ -218,8 +216,7 @@ def _grant_and_freeze_before_commit(url: str, customer_id: int, ready: Any) -> N
 def _wait_until_stopped(pid: int) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state == "T":
+        if private_mariadb.all_threads_stopped(pid):
             return
         time.sleep(0.01)
     raise AssertionError("the helper did not stop")
@@ -228,7 +225,7 @@ def _wait_until_stopped(pid: int) -> None:
 def test_a_client_frozen_before_its_commit_costs_others_only_their_timeout(
     mariadb_url: str, customer_id: int
 ) -> None:
-    with PathLockManager(mariadb_url, node_id="waiting", heartbeat=False) as manager:
+    with PathLockManager(mariadb_url, node_id="waiting", heartbeat=False, settings=FAST) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/warm").release()  # the customer's row exists
         context = multiprocessing.get_context("spawn")
@@ -239,7 +236,7 @@ def test_a_client_frozen_before_its_commit_costs_others_only_their_timeout(
         frozen.start()
         # Without bounds the requests below wait for the whole freeze: end it
         # after a while, so that old code fails here instead of hanging.
-        thaw = threading.Timer(1 + TRY_BOUND + 2 * SLACK, frozen.kill)
+        thaw = threading.Timer(1 + FAST_TRY_BOUND + 2 * SLACK, frozen.kill)
         try:
             assert ready.wait(30)
             assert frozen.pid is not None
@@ -250,7 +247,7 @@ def test_a_client_frozen_before_its_commit_costs_others_only_their_timeout(
             assert took < 1 + GRACE + SLACK
             error, took = _timed(lambda: locks.try_lock_paths("/c"))
             _assert_database_timeout(error)
-            assert took < TRY_BOUND + SLACK
+            assert took < FAST_TRY_BOUND + SLACK
             # Other customers are not held up at all.
             with manager.for_customer(customer_id + 1).lock_paths("/b", timeout=1):
                 pass
@@ -292,7 +289,7 @@ def test_sqlite_waits_for_the_write_lock_only_until_the_timeout(
     tmp_path: Path, customer_id: int
 ) -> None:
     url = f"sqlite:///{tmp_path / 'locks.sqlite3'}"
-    with PathLockManager(url, node_id="busy", heartbeat=False) as manager:
+    with PathLockManager(url, node_id="busy", heartbeat=False, settings=FAST) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/warm").release()
         writer = sqlite3.connect(tmp_path / "locks.sqlite3", isolation_level=None)
@@ -303,7 +300,7 @@ def test_sqlite_waits_for_the_write_lock_only_until_the_timeout(
             assert took < 1 + GRACE + SLACK
             error, took = _timed(lambda: locks.try_lock_paths("/a"))
             _assert_database_timeout(error)
-            assert took < TRY_BOUND + SLACK
+            assert took < FAST_TRY_BOUND + SLACK
         finally:
             writer.rollback()
             writer.close()

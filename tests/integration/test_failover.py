@@ -32,6 +32,7 @@ from pathlock import (
     InvalidArgument,
     LockTimeout,
     PathLockManager,
+    Settings,
 )
 from tests.integration.test_outages import reply_lost_after_commit
 
@@ -145,13 +146,10 @@ def test_with_every_node_down_callers_get_a_backend_error(customer_id: int) -> N
             locks.try_lock_paths("/a")
 
 
-def test_a_node_that_comes_back_is_used_again(
-    nodes: list[str], customer_id: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pathlock import routing  # noqa: PLC0415
-
-    monkeypatch.setattr(routing, "SET_ASIDE", 0.2)
-    with PathLockManager([nodes[1], nodes[0]], node_id="failover") as manager:
+def test_a_node_that_comes_back_is_used_again(nodes: list[str], customer_id: int) -> None:
+    with PathLockManager(
+        [nodes[1], nodes[0]], node_id="failover", settings=Settings(set_aside=0.2)
+    ) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/a").release()
         first = manager._store.router.nodes[0]

@@ -31,8 +31,7 @@ from pathlock import (
     PathLockManager,
     WaiterInfo,
 )
-from pathlock.acquire import RECHECK, REFRESH
-from pathlock.records import WAITER_TTL
+from pathlock.settings import DEFAULT as SETTINGS
 from tests.integration import queue_worker
 
 pytestmark = pytest.mark.timeout(120)
@@ -202,12 +201,13 @@ def test_processes_are_granted_in_queue_order(database_url: str, locks: Customer
             processes.append(process)
             _queued(locks, count)
         holder.release()
-        order = []
+        granted = []
         for _ in names:
             kind, name, detail = events.get(timeout=HANG)
             assert kind == "granted", detail
-            order.append(name)
-        assert order == names
+            granted.append((int(detail), name))
+        # Events may arrive out of order; the fencing tokens give the grants'.
+        assert [name for _, name in sorted(granted)] == names
     finally:
         holder.release()
         for process in processes:
@@ -441,7 +441,7 @@ def test_a_dead_waiter_stops_blocking_within_its_expiry(
     holder.release()
 
     # /Shared/a/y conflicts only with the dead request; its row lapses unrefreshed.
-    lease = locks.lock_paths("/Shared/a/y", timeout=WAITER_TTL + RECHECK + HANG)
+    lease = locks.lock_paths("/Shared/a/y", timeout=SETTINGS.waiter_ttl + SETTINGS.recheck + HANG)
     lease.release()
     assert _waiters(locks) == []
 
@@ -460,7 +460,7 @@ def test_a_waiter_whose_row_was_deleted_queues_again(
     again = _until(
         lambda: [w for w in _waiters(locks) if w.lease_id == first.lease_id],
         "the request queued again",
-        seconds=REFRESH + RECHECK + HANG,
+        seconds=SETTINGS.waiter_refresh + SETTINGS.recheck + HANG,
     )
     assert again[0].ticket > first.ticket
     holder.release()
@@ -509,5 +509,5 @@ def test_a_waiter_watches_with_plain_reads_between_attempts(
     ]
     # Attempts: the first, one per recheck, the last at the deadline, leaving
     # the queue; polling at the policy's 10 ms would have made about 200.
-    assert len(sentinel_writes) <= seconds / RECHECK + 4
+    assert len(sentinel_writes) <= seconds / SETTINGS.recheck + 4
     assert len(version_reads) >= 10

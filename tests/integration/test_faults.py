@@ -38,7 +38,8 @@ Besides, throughout every run:
   errors were retried with a WARNING (counted by action and error code);
   nothing else was raised, nothing was logged at ERROR;
 - once the workers are gone nothing outlives its ttl: no lock row expires
-  later than one ttl from then and no queue row later than ``WAITER_TTL``; a
+  later than one ttl from then and no queue row later than the waiters' ttl
+  (``Settings.waiter_ttl``); a
   probe locking ``/`` (which conflicts with everything) is granted once those
   have lapsed, so dead waiters stopped blocking, and it takes part in the
   overlap check, so it was not granted before; after the reaper the customer
@@ -68,8 +69,8 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from pathlock.records import WAITER_TTL
-from tests import private_mariadb
+from pathlock.settings import DEFAULT as SETTINGS
+from servers import private_mariadb
 from tests.integration.conftest import PRIVATE_DATABASE
 from tests.integration.fault_harness import (
     SLACK,
@@ -234,7 +235,7 @@ def _milliseconds(gaps: Sequence[float]) -> str:
 def test_sigkill_of_holders_and_waiters(mariadb_url: str, customer_id: int, tmp_path: Path) -> None:
     """Holders and waiters die at random moments (SIGKILL) and are replaced.
     A dead holder's paths are granted to nobody before its lease expires in the
-    database; its queue rows stop counting within WAITER_TTL."""
+    database; its queue rows stop counting within ``Settings.waiter_ttl``."""
     rng = random.Random(SEED)
     workload = Workload(mariadb_url, customer_id, tmp_path, "kill")
     admin = create_engine(mariadb_url, poolclass=NullPool)
@@ -281,8 +282,8 @@ def test_sigkill_of_holders_and_waiters(mariadb_url: str, customer_id: int, tmp_
     check(tally, logs, monitor, end)
 
     # What a killed worker leaves stops counting on its own: queue rows within
-    # WAITER_TTL, lock rows at their expiry (checked above, with the probe).
-    assert all(remaining <= WAITER_TTL + SLACK for remaining in waiter_rows), waiter_rows
+    # the waiter ttl, lock rows at their expiry (checked above, with the probe).
+    assert all(remaining <= SETTINGS.waiter_ttl + SLACK for remaining in waiter_rows), waiter_rows
     assert set(end.live_locks) <= killed_nodes, "a worker that closed its manager left locks"
     assert set(tally.errors) <= {"LockTimeout"}, dict(tally.errors)
     # The run meant something: kills of holders and of waiters, and many grants.
@@ -542,7 +543,9 @@ def test_database_restart(
 
     assert private_server.starts >= 2
     assert while_gone == 0
-    assert after >= 50, "the workload should go on after the restart"
+    # A count, not a rate: a loaded machine grants fewer (a CI run with 32 of
+    # a former 50 failed here), and speed is the benchmarks' business.
+    assert after >= WORKERS, "the workload should go on after the restart"
     assert sum(logs.retries.values()) > 0, "the outage should have caused retries"
     # DeadlockDetected: a release that failed while the server was down leaves
     # its rows to lapse, and the same thread's next conflicting request is then

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -475,3 +476,36 @@ def test_a_script_that_ends_without_close_releases_its_locks(
         [sys.executable, "-c", script, database_url, str(customer_id)], check=True, timeout=60
     )
     assert _count(raw_engine, customer_id) == (0, 0)
+
+
+def test_an_interrupt_as_a_call_is_counted_leaves_the_manager_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Condition.__enter__ is Python code: a KeyboardInterrupt right after it
+    # took the lock left the lock of the manager's call counter held, and
+    # every later call of every thread hung (found by the hostile stress run).
+    with PathLockManager(f"sqlite:///{tmp_path / 'locks.sqlite3'}", heartbeat=False) as manager:
+        target = manager._calls._condition
+        original = threading.Condition.__enter__
+        armed = [True]
+
+        def enter(self: threading.Condition) -> bool:
+            taken = original(self)
+            main = threading.current_thread() is threading.main_thread()
+            if self is target and armed[0] and main:
+                armed[0] = False
+                os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
+            return taken
+
+        monkeypatch.setattr(threading.Condition, "__enter__", enter)
+        with pytest.raises(KeyboardInterrupt):
+            manager.list_locks()
+        monkeypatch.undo()
+        assert not armed[0]
+        listed: list[object] = []
+        other = threading.Thread(target=lambda: listed.append(manager.list_locks()), daemon=True)
+        other.start()
+        other.join(10)
+        assert not other.is_alive(), "the call counter's lock was left held"
+        assert listed == [[]]
+        assert manager._calls._count == 0

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pathlock import (
+    CaseRuleMismatch,
     CustomerLocks,
     DeadlockDetected,
     InvalidPath,
@@ -182,6 +183,61 @@ def test_case_insensitive_manager_folds_case(database_url: str, customer_id: int
         with locks.lock_paths("/Shared/Straße") as lease:
             assert lease.paths == (("/shared/strasse", "exclusive"),)
             assert _other_owner(folding, customer_id, "try", "/SHARED/STRASSE/x") is None
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["sensitive-first", "insensitive-first"])
+def test_a_customer_keeps_the_case_rule_of_its_first_lock(
+    database_url: str, customer_id: int, first: bool
+) -> None:
+    # Both settings granting /Shared/Foo (as given, and folded) would let two
+    # owners edit one folder. The first grant records its setting; the other
+    # is refused at once, before any row is written, with or without a queue.
+    with (
+        PathLockManager(database_url, case_insensitive=first) as one,
+        PathLockManager(database_url, case_insensitive=not first) as other,
+    ):
+        with one.for_customer(customer_id).lock_paths("/Shared/Foo"):
+            before = _rows(one.engine, customer_id)
+            version = _sentinel(one.engine, customer_id)
+            for attempt in (
+                lambda locks: locks.try_lock_paths("/Shared/Foo/x"),
+                lambda locks: locks.lock_paths("/elsewhere", timeout=5),
+            ):
+                with pytest.raises(CaseRuleMismatch) as caught:
+                    attempt(other.for_customer(customer_id))
+                assert caught.value.customer_id == customer_id
+                assert caught.value.recorded is first
+                assert f"case_insensitive={first}" in str(caught.value)
+            assert _rows(one.engine, customer_id) == before
+            assert _sentinel(one.engine, customer_id) == version
+        # Nothing held: still refused (the rule is the data's, not the lease's).
+        with pytest.raises(CaseRuleMismatch):
+            other.for_customer(customer_id).try_lock_paths("/Shared/Foo")
+        # Other customers are not affected.
+        with other.for_customer(customer_id + 1).lock_paths("/Shared/Foo"):
+            pass
+
+
+def test_a_customer_from_before_the_case_rule_records_it_at_its_next_lock(
+    database_url: str, customer_id: int
+) -> None:
+    # Rows written before revision 0005 have no rule: the next grant sets it.
+    with PathLockManager(database_url, case_insensitive=True) as folding:
+        with folding.engine.begin() as connection:
+            connection.execute(
+                text("INSERT INTO customer_locks (customer_id, version) VALUES (:c, 7)"),
+                {"c": customer_id},
+            )
+        with folding.for_customer(customer_id).lock_paths("/A") as lease:
+            assert lease.fencing_token == 8
+        with folding.engine.connect() as connection:
+            recorded = connection.execute(
+                text("SELECT case_insensitive FROM customer_locks WHERE customer_id = :c"),
+                {"c": customer_id},
+            ).scalar()
+        assert recorded in (True, 1)
+    with PathLockManager(database_url) as exact, pytest.raises(CaseRuleMismatch):
+        exact.for_customer(customer_id).try_lock_paths("/A")
 
 
 @pytest.mark.parametrize(

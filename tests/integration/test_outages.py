@@ -16,8 +16,6 @@ rows and every other statement are real.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +27,7 @@ from pymysql.connections import Connection
 from sqlalchemy import Engine, create_engine, text
 
 from pathlock import BackendError, LockTimeout, PathLockManager
-from tests import private_mariadb
+from servers import private_mariadb
 from tests.integration.conftest import PRIVATE_DATABASE
 
 pytestmark = pytest.mark.timeout(120)
@@ -166,15 +164,11 @@ def test_a_hung_server_fails_calls_instead_of_hanging_them(
     ) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/a").release()  # a pooled connection, alive
-        assert private_server.process is not None
-        os.kill(private_server.process.pid, signal.SIGSTOP)
-        try:
+        with private_server.frozen():
             started = time.monotonic()
             with pytest.raises(BackendError, match="persisted through 2 attempts"):
                 locks.lock_paths("/b", timeout=60)
             took = time.monotonic() - started
-        finally:
-            os.kill(private_server.process.pid, signal.SIGCONT)
         assert took < 10
         with locks.lock_paths("/b") as lease:  # the same manager, once it answers again
             assert not lease.lost

@@ -75,6 +75,8 @@ def _examples() -> list[PathLockError]:
         LockTimeout([("/a/b", EXCLUSIVE)], 1.0, [], [_waiter(("/a", SHARED))]),
         LeaseLost("abc123", "expired"),
         BackendError("acquire", ConnectionError("gone away"), "check the server"),
+        errors.SchemaMismatch("0003", "0005", True),
+        errors.CaseRuleMismatch(42, True),
     ]
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock.fairness import deadlock_party, requests_conflict, waiters_ahead
+from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
 from pathlock.types import EXCLUSIVE, SHARED, LockInfo, Mode, Owner, PathMode, WaiterInfo
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

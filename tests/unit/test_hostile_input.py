@@ -1,7 +1,7 @@
 """Hostile input to the checks that run before any SQL (issue 5, part 3).
 
 Every value the public API takes goes through :mod:`pathlock.paths` or
-:mod:`pathlock.validation` first; these tests throw at them what an attacker or
+:mod:`pathlock._validation` first; these tests throw at them what an attacker or
 a careless caller would: wrong types, NaN and infinities, ints too large to
 print or to convert to a float, control characters, lone surrogates, paths
 over the length limit, SQL-shaped and LIKE-shaped text. The contract: a valid
@@ -30,7 +30,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock import validation
+from pathlock import _validation as validation
 from pathlock.errors import (
     ArgumentTypeError,
     InvalidArgument,

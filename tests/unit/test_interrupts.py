@@ -1,5 +1,5 @@
 """Signals held back while a connection goes in or out of the pool
-(pathlock.interrupts): raised right after the block, never inside it, and no
+(pathlock._interrupts): raised right after the block, never inside it, and no
 handler stays swapped."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import FrameType
 
 import pytest
 
-from pathlock import interrupts
+from pathlock import _interrupts as interrupts
 
 
 class Interrupted(Exception):

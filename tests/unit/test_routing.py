@@ -1,4 +1,4 @@
-"""Which node an operation goes to (pathlock/routing.py): order, affinity by
+"""Which node an operation goes to (pathlock/_routing.py): order, affinity by
 rendezvous hashing, setting failed nodes aside. Engines are created but never
 connected: routing only reads their URLs."""
 
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, create_engine
 
-from pathlock import routing
-from pathlock.routing import Router, node_name
+from pathlock import events
+from pathlock._routing import Router, node_name
 
 URLS = [
     "mysql+pymysql://app:secret@db1.example:3306/locks",
@@ -78,11 +78,8 @@ def test_a_failed_node_is_set_aside_and_only_its_customers_move(engines: list[En
         assert router.pick(customer_id) is expected
 
 
-def test_a_set_aside_node_is_tried_again_later(
-    engines: list[Engine], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(routing, "SET_ASIDE", 0.05)
-    router = Router(engines)
+def test_a_set_aside_node_is_tried_again_later(engines: list[Engine]) -> None:
+    router = Router(engines, set_aside=0.05)
     router.set_aside(router.nodes[0], RuntimeError("gone"))
     assert router.pick(None) is router.nodes[1]
     time.sleep(0.1)
@@ -114,7 +111,8 @@ def test_a_single_node_is_never_set_aside(engines: list[Engine]) -> None:
 def test_setting_aside_warns_once_per_failure_period(
     engines: list[Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
-    router = Router(engines)
+    # As a manager's router: its failovers are told to the log.
+    router = Router(engines, emitter=events.Emitter([events.LoggingHooks()]))
     with caplog.at_level("WARNING", logger="pathlock.store"):
         for _ in range(3):
             router.set_aside(router.nodes[2], RuntimeError("connection refused"))

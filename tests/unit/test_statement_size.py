@@ -22,6 +22,16 @@ from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.sql.expression import Executable
 
 from pathlock import InvalidArgument, PathLockError, RequestTooLarge
+from pathlock._records import GrantRequest, grant_parameters, waiter_parameters
+from pathlock._statements import (
+    BUMP,
+    ENQUEUE,
+    NO_TICKET,
+    _integer_rows,
+    blockers_query,
+    grant_statement,
+    shape,
+)
 from pathlock.paths import (
     MAX_PATH_LENGTH,
     MAX_REQUEST_CHARACTERS,
@@ -30,16 +40,6 @@ from pathlock.paths import (
     descendants_range,
     normalize_request,
     prefix_lengths,
-)
-from pathlock.records import GrantRequest, grant_parameters, waiter_parameters
-from pathlock.statements import (
-    BUMP,
-    ENQUEUE,
-    NO_TICKET,
-    _integer_rows,
-    blockers_query,
-    grant_statement,
-    shape,
 )
 from pathlock.types import Owner
 
@@ -75,7 +75,7 @@ def _sizes(request: GrantRequest) -> dict[str, int]:
     return {
         "grant": _sent(BUMP, {"c_id": request.customer_id}) + _sent(grant, parameters),
         "blockers": _sent(blockers_query(*shape(request.paths)), parameters),
-        "enqueue": _sent(ENQUEUE, waiter_parameters(request)),
+        "enqueue": _sent(ENQUEUE, waiter_parameters(request, waiter_ttl=5.0)),
     }
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock import validation
+from pathlock import _validation as validation
 from pathlock.errors import InvalidArgument, PathLockError
 from pathlock.schema import NODE_ID_LENGTH, REASON_LENGTH
 

@@ -43,7 +43,7 @@ def test_delay_never_raises_and_never_goes_below_floor(cycle: int) -> None:
 
 @pytest.mark.parametrize("retry", [15, 30, 45, 60, 150, 1500, 15 * 10**6])
 def test_every_fifteenth_retry_does_not_divide_by_zero(retry: int) -> None:
-    # The seed divided by retry % 15: zero on exactly these retries.
+    # The original divided by retry % 15: zero on exactly these retries.
     policy = ReverseExponentialBackoff()
     assert policy.delay(retry) == pytest.approx(policy.floor)
 
@@ -470,8 +470,8 @@ def test_exponential_backoff_starts_over_when_the_queue_moves() -> None:
     assert delays.next() == pytest.approx(0.002)
 
 
-def test_the_seeds_backoff_never_starts_over() -> None:
-    # The seed counted retries per request; a reset would send it back to 250 ms.
+def test_the_naive_algorithms_backoff_never_starts_over() -> None:
+    # The original counted retries per request; a reset would send it back to 250 ms.
     delays = ReverseExponentialBackoff(jitter=0).start()
     assert [delays.next() for _ in range(3)] == pytest.approx([0.25, 0.0158, 0.01], rel=1e-2)
     delays.reset()

@@ -1,0 +1,45 @@
+"""A Starlette (or FastAPI) application that moves folders under a pathlock lock.
+
+The manager is created when the application starts and closed when it stops
+(the lifespan), so its connections, its renewals and the leases it still holds
+end with the application. Run it with ``uvicorn starlette_app:app``; with
+FastAPI, ``FastAPI(lifespan=lifespan)`` takes the same function.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from pathlock import AsyncPathLockManager, LockTimeout
+
+DATABASE_URL = os.environ.get("PATHLOCK_DATABASE_URL", "sqlite:///locks.sqlite3")
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async with AsyncPathLockManager(DATABASE_URL, node_id=os.environ.get("NODE_ID")) as manager:
+        app.state.locks = manager
+        yield
+
+
+async def move(request: Request) -> JSONResponse:
+    body = await request.json()
+    customer, source, target = body["customer"], body["source"], body["target"]
+    locks = request.app.state.locks.for_customer(customer)
+    try:
+        async with locks.lock_paths(source, target, timeout=5, reason="move") as lease:
+            # ... move the folder, passing lease.fencing_token to the storage ...
+            return JSONResponse({"moved": [source, target], "token": lease.fencing_token})
+    except LockTimeout as busy:
+        held = [lock.path for lock in busy.held_by]
+        return JSONResponse({"busy": held}, status_code=409)
+
+
+app = Starlette(routes=[Route("/move", move, methods=["POST"])], lifespan=lifespan)

@@ -1,0 +1,174 @@
+"""The lock request's loop, run on the caller's thread: the steps of
+:class:`pathlock._flow.AcquireFlow` (which decides everything and does no I/O)
+carried out against the store, this process's wake-ups and ``time``.
+
+A step that fails is thrown back into the flow, which decides what the
+failure means; an interrupt (Ctrl-C, an exception raised by a signal handler)
+is not: it ends the request at once. Whatever ends it, a request that holds a
+place in the queue gives it up before this returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pathlock import _deadlines as deadlines
+from pathlock import events
+from pathlock._flow import (
+    AcquireFlow,
+    Attempt,
+    Behind,
+    Judge,
+    Place,
+    ReadVersion,
+    Refresh,
+    Result,
+    Sleep,
+    Step,
+    Stop,
+    drive,
+)
+from pathlock._records import GrantRequest
+from pathlock._store import Store
+from pathlock.errors import LockCancelled, ManagerClosed, PathLockError
+from pathlock.waiting import LocalWakeups, WaitPolicy, Watch
+
+log = logging.getLogger("pathlock.acquire")
+
+CANCEL_CHECK = 0.05
+"""Seconds between the checks of a waiting request's ``cancel`` event."""
+
+
+class Cancel(Protocol):
+    """What ``lock_paths(cancel=...)`` takes: a :class:`threading.Event`, or
+    anything with its ``is_set()``."""
+
+    def is_set(self) -> bool: ...
+
+
+def acquire(
+    store: Store,
+    wakeups: LocalWakeups,
+    policy: WaitPolicy,
+    request: GrantRequest,
+    *,
+    blocking: bool,
+    wait_limit: float | None,
+    closed: Callable[[], bool] = lambda: False,
+    cancel: Cancel | None = None,
+) -> Result:
+    """Attempt until ``request`` is granted: return its fencing token and the
+    lease clock's time (``settings.clock.now()``) when its granting attempt
+    started. ``None`` if ``blocking`` is false and the one attempt was denied.
+    Raises what :class:`~pathlock._flow.AcquireFlow` raises: :class:`LockTimeout`
+    after ``wait_limit`` seconds (``None``: no limit), :class:`DeadlockDetected`,
+    :class:`ContentionTimeout` for a try-lock that kept losing races,
+    :class:`ManagerClosed` once ``closed()`` is true (the manager's close wakes
+    local waiters), :class:`LockCancelled` once ``cancel`` is set (seen within
+    :data:`CANCEL_CHECK` seconds while the request sleeps; an attempt under way
+    ends first).
+
+    Everything, the database's waits included, ends within ``wait_limit`` +
+    ``grace`` seconds (a try-lock: ``try_time`` + ``grace``): a blocking
+    request whose time ran out while the database did not answer raises
+    :class:`LockTimeout` with ``unanswered`` set, a try-lock
+    :class:`DatabaseTimeout`. Without a ``wait_limit``, each database call has
+    its own bound (:class:`DatabaseTimeout` after ``call_time``)."""
+    store.prepare(request)  # client CPU, not the database's time
+    flow = AcquireFlow(
+        request, store.settings, policy.start(), blocking=blocking, wait_limit=wait_limit
+    )
+    watch = wakeups.watch(request.customer_id)
+    try:
+        with deadlines.limit(flow.limit), watch:
+            try:
+                steps = _Steps(store, request, watch, closed, cancel)
+                return drive(flow.steps(), steps, PathLockError)
+            finally:
+                _leave(store, request, flow.leave())
+    finally:
+        watch.close()  # again, if an interrupt cut the with block's exit short
+
+
+class _Steps:
+    """Carries out one request's steps."""
+
+    def __init__(
+        self,
+        store: Store,
+        request: GrantRequest,
+        watch: Watch,
+        closed: Callable[[], bool],
+        cancel: Cancel | None,
+    ) -> None:
+        self._store = store
+        self._request = request
+        self._watch = watch
+        self._closed = closed
+        self._cancel = cancel
+
+    def __call__(self, step: Step) -> Any:  # noqa: PLR0911 - one return per kind of step
+        store, request = self._store, self._request
+        if isinstance(step, Attempt):
+            return store.try_grant(
+                request,
+                step.ticket,
+                queue=step.queue,
+                patience=step.patience,
+                deadline=step.deadline,
+            )
+        if isinstance(step, Sleep):
+            if self._cancel is None:
+                return self._watch.wait(step.seconds, step.idle)
+            # An Event cannot wake the watch: sleep in short slices.
+            seconds, idle = min(step.seconds, CANCEL_CHECK), min(step.idle, CANCEL_CHECK)
+            return self._watch.wait(seconds, idle) or self._cancel.is_set()
+        if isinstance(step, ReadVersion):
+            return store.version(request.customer_id, deadline=step.deadline)
+        if isinstance(step, Behind):
+            return self._watch.behind()
+        if isinstance(step, Judge):
+            return store.could_grant(request, step.ticket, deadline=step.deadline)
+        if isinstance(step, Place):
+            self._watch.queued(step.ticket, step.ahead)
+            if step.new and step.ticket is not None:
+                store.events.queued(
+                    events.Queued(
+                        request.customer_id,
+                        request.lease_id,
+                        request.paths,
+                        step.ticket,
+                        len(step.ahead),
+                    )
+                )
+            return None
+        if isinstance(step, Refresh):
+            return store.refresh_waiter(
+                request.customer_id, request.lease_id, step.ticket, deadline=step.deadline
+            )
+        if isinstance(step, Stop):
+            if self._closed():
+                return ManagerClosed("lock paths")
+            if self._cancel is not None and self._cancel.is_set():
+                return LockCancelled(request.paths)
+            return None
+        raise TypeError(f"unknown step {step!r}")  # pragma: no cover - a bug
+
+
+def _leave(store: Store, request: GrantRequest, ticket: int | None) -> None:
+    """Give up the place (timeout, deadlock, error, interrupt)."""
+    if ticket is None:
+        return
+    try:
+        store.leave_queue(request.customer_id, request.lease_id, ticket)
+    except PathLockError as error:
+        log.warning(
+            "could not leave the queue (customer %d, ticket %d); the row stops "
+            "counting within %g s: %s",
+            request.customer_id,
+            ticket,
+            store.settings.waiter_ttl,
+            error,
+        )

@@ -1,0 +1,236 @@
+"""How the asyncio API runs pathlock's one algorithm without blocking the loop.
+
+The request loop (:mod:`pathlock._acquire`, :mod:`pathlock._flow`), the retry
+loop (:mod:`pathlock._transactions`), the store's transactions and the
+manager's bookkeeping are written once, as plain functions. The asyncio API
+runs them the way SQLAlchemy's own asyncio extension runs its ORM: inside a
+greenlet (``greenlet_spawn``) on the event loop, with every wait handed to the
+loop as a coroutine (``await_only``). Three kinds of wait exist, and each has
+its asyncio form here:
+
+- a transaction's attempt (:meth:`LoopRunner.attempt`): the statements go
+  through the asyncio driver (asyncmy, aiosqlite), under an
+  ``asyncio.timeout`` that ends the attempt by its deadline, as the socket
+  timeouts of :mod:`pathlock._deadlines` do for PyMySQL;
+- the pause between two attempts (:meth:`LoopRunner.sleep`): ``asyncio.sleep``;
+- a waiting request's sleep (:class:`LoopWaker`): an ``asyncio.Event`` that a
+  release of another task (or thread) sets.
+
+So a waiting task holds no thread and never blocks the loop, and a task that
+is cancelled is cancelled inside whichever wait it is in: the cancellation
+unwinds the same code an interrupt unwinds in the synchronous API.
+
+The manager's background threads (renewal scheduling, the settling of leases
+in doubt, the reaper) keep their schedules; their database calls are handed
+to the loop (``run_coroutine_threadsafe``) and wait there for the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from pathlock import _deadlines as deadlines
+from pathlock._routing import Node
+from pathlock._transactions import AttemptFailed, attempt_once
+from pathlock.errors import BackendError
+
+T = TypeVar("T")
+
+_SPARE = 5.0
+"""Seconds a background thread waits for the loop beyond the call's own
+deadline before it gives up on an answer (a loop that stopped running)."""
+
+
+def in_greenlet() -> bool:
+    """Whether this code runs inside SQLAlchemy's ``greenlet_spawn``."""
+    try:
+        from greenlet import getcurrent  # noqa: PLC0415 - the async extra
+    except ImportError:  # pragma: no cover - the async API needs it
+        return False
+    return bool(getattr(getcurrent(), "__sqlalchemy_greenlet_provider__", False))
+
+
+async def spawn(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run ``function`` (plain code that may wait through :func:`wait`) in a
+    greenlet on the running loop."""
+    from sqlalchemy.util import greenlet_spawn  # noqa: PLC0415 - the async extra
+
+    result: T = await greenlet_spawn(function, *args, **kwargs)
+    return result
+
+
+def wait(
+    loop: asyncio.AbstractEventLoop | None,
+    coroutine: Coroutine[Any, Any, T],
+    *,
+    seconds: float | None,
+) -> T:
+    """Run ``coroutine`` on ``loop`` and return its result: from a greenlet
+    of :func:`spawn`, by handing it to the loop; from another thread, by
+    waiting up to ``seconds`` (``None``: no limit) plus a margin for it."""
+    if in_greenlet():
+        from sqlalchemy.util import await_only  # noqa: PLC0415
+
+        return await_only(coroutine)
+    if loop is None or loop.is_closed() or _running_loop() is loop:
+        coroutine.close()
+        why = (
+            "the AsyncPathLockManager's event loop is closed"
+            if loop is None or loop.is_closed()
+            else "a database call on the event loop outside pathlock's greenlet (a bug)"
+        )
+        raise BackendError("reaching the event loop", RuntimeError(why))
+    future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+    try:
+        return future.result(None if seconds is None else seconds + _SPARE)
+    except concurrent.futures.TimeoutError as error:
+        future.cancel()
+        raise BackendError(
+            "reaching the event loop", RuntimeError("the event loop did not answer in time")
+        ) from error
+    except concurrent.futures.CancelledError as error:
+        raise BackendError(
+            "reaching the event loop", RuntimeError("the event loop shut down")
+        ) from error
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _TimedOut(Exception):
+    """The driver-level error of an attempt that ran out of time: spelled
+    like the lost connection of a socket timeout (MySQL's 2013), which every
+    dialect classifies as a node that did not answer."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            2013, f"Lost connection to server during query (timed out after {seconds:.3g} s)"
+        )
+
+
+def _timed_out(seconds: float) -> OperationalError:
+    return OperationalError(
+        "(an attempt under an asyncio timeout)",
+        None,
+        _TimedOut(seconds),
+        connection_invalidated=True,
+    )
+
+
+class LoopRunner:
+    """Carries out a transaction's attempts and pauses on an event loop
+    (:class:`pathlock._transactions.Runner`). Bound to its loop when the
+    asyncio manager opens (:meth:`bind`)."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def attempt(
+        self,
+        node: Node,
+        operation: Callable[[Connection, int], T],
+        number: int,
+        ends: float,
+        *,
+        read_only: bool,
+    ) -> tuple[T, bool]:
+        coroutine = self._attempt(node, operation, number, ends, read_only)
+        return wait(self.loop, coroutine, seconds=max(0.0, ends - time.monotonic()))
+
+    def sleep(self, seconds: float) -> None:
+        wait(self.loop, asyncio.sleep(seconds), seconds=seconds)
+
+    def waker(self) -> LoopWaker:
+        """A waiting request's sleep (:class:`pathlock.waiting.Waker`)."""
+        return LoopWaker(self)
+
+    @staticmethod
+    async def _attempt(
+        node: Node,
+        operation: Callable[[Connection, int], T],
+        number: int,
+        ends: float,
+        read_only: bool,
+    ) -> tuple[T, bool]:
+        # The limit is this task's context, which the greenlet shares: the
+        # engine's commit listener marks it (see watch_commits).
+        with deadlines.limit(ends) as limit:
+            seconds = ends - time.monotonic()
+            try:
+                async with asyncio.timeout(None if seconds == float("inf") else max(seconds, 0.0)):
+                    result = await spawn(
+                        attempt_once,
+                        node,
+                        operation,
+                        number,
+                        read_only=read_only,
+                        # Tasks interleave on one thread: nothing to hold back.
+                        guard=contextlib.nullcontext,
+                    )
+            except TimeoutError as error:
+                raise AttemptFailed(_timed_out(seconds), limit.commit_unanswered) from error
+            except SQLAlchemyError as error:
+                raise AttemptFailed(error, limit.commit_unanswered) from error
+            return result, limit.commit_unanswered
+
+
+def watch_commits(engine: Engine) -> None:
+    """Mark the attempt's limit while a COMMIT of ``engine`` is on its way,
+    as :class:`pathlock._deadlines.BoundedConnection` does for PyMySQL: an
+    attempt cut short then is known to be in doubt. The mark is cleared when
+    the connection's next transaction begins (the COMMIT was answered)."""
+
+    def committing(_connection: Connection) -> None:
+        current = deadlines.current()
+        if current is not None:
+            current.commit_unanswered = True
+
+    def beginning(_connection: Connection) -> None:
+        current = deadlines.current()
+        if current is not None:
+            current.commit_unanswered = False
+
+    event.listen(engine, "commit", committing)
+    event.listen(engine, "begin", beginning)
+
+
+class LoopWaker:
+    """A waiting request's sleep on the loop (:class:`pathlock.waiting.Waker`):
+    an event that :meth:`wake`, from any thread, sets."""
+
+    __slots__ = ("_event", "_runner")
+
+    def __init__(self, runner: LoopRunner) -> None:
+        self._runner = runner
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        loop = self._runner.loop
+        if loop is None or _running_loop() is loop:
+            self._event.set()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody sleeps
+            loop.call_soon_threadsafe(self._event.set)
+
+    def sleep(self, seconds: float) -> None:
+        wait(self._runner.loop, self._sleep(seconds), seconds=seconds)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._event.wait()

@@ -1,0 +1,133 @@
+"""How long a database call may still take, and the PyMySQL connection that
+keeps to it.
+
+A caller's ``timeout=`` bounds its whole call: connecting, every statement,
+the retries and the sleeps between them. :mod:`pathlock._transactions` runs
+every attempt inside :func:`limit`, which records, for this thread, the
+monotonic time by which the attempt must be over; limits nest, and the
+earliest one wins (``close()`` and a lock request put one around everything
+they do).
+
+PyMySQL reads its socket timeouts from attributes of the connection object
+before every packet it sends or reads, and its connect timeout before it
+connects. :class:`BoundedConnection` answers those reads with the time left
+(never more than the configured timeout), so a server that hangs, a host
+that never answers, or a row lock held by a client that froze mid-transaction
+costs an attempt no more than its limit, at no cost in round trips. A socket
+timeout drops the connection (PyMySQL closes it; SQLAlchemy invalidates it),
+so it never goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import pymysql.connections
+
+SHORTEST_WAIT = 0.001
+"""Seconds a socket may wait once the limit has passed: a socket timeout of 0
+would mean "never wait" to PyMySQL only by accident (a non-blocking socket),
+and ``None`` would mean "forever"."""
+
+
+@dataclass
+class Limit:
+    """The limit of the current attempt (or of an enclosing call)."""
+
+    ends: float
+    """Monotonic time by which every wait on the database must be over."""
+    commit_unanswered: bool = False
+    """True while a COMMIT sent under this limit has had no reply: after a
+    failure, the transaction may or may not have been committed."""
+
+
+_current: ContextVar[Limit | None] = ContextVar("pathlock_limit", default=None)
+
+
+@contextmanager
+def limit(ends: float) -> Iterator[Limit]:
+    """Within the block, this thread's database calls end by the monotonic
+    time ``ends``, or by the limit already in force if that is earlier."""
+    outer = _current.get()
+    inner = Limit(ends if outer is None else min(ends, outer.ends))
+    token = _current.set(inner)
+    try:
+        yield inner
+    finally:
+        _current.reset(token)
+
+
+def current() -> Limit | None:
+    """The innermost limit in force, if any."""
+    return _current.get()
+
+
+def ceiling() -> float:
+    """The monotonic time by which the limits in force end (infinity: none)."""
+    current = _current.get()
+    return math.inf if current is None else current.ends
+
+
+def time_left(configured: float | None) -> float | None:
+    """Seconds a wait may take now: ``configured`` (``None``: no timeout of
+    its own), shortened to the time left under the current limit."""
+    current = _current.get()
+    if current is None or math.isinf(current.ends):
+        return configured
+    # Rounded up to the next 10 ms: PyMySQL calls settimeout() only when the
+    # value changes, and a value that changes on every packet would cost a
+    # system call per packet.
+    left = max(math.ceil((current.ends - time.monotonic()) * 100) / 100, SHORTEST_WAIT)
+    return left if configured is None else min(configured, left)
+
+
+class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
+    """A PyMySQL connection whose connect, read and write timeouts are the
+    configured ones, shortened to the time left under :func:`limit`, and which
+    says when a COMMIT got no reply (see :attr:`Limit.commit_unanswered`).
+
+    The engines pathlock creates open their connections as this class. It
+    relies on PyMySQL's private attributes ``_read_timeout`` and
+    ``_write_timeout`` (read before every packet since PyMySQL 0.7) and its
+    public ``connect_timeout``."""
+
+    _configured_read: float | None = None
+    _configured_write: float | None = None
+    _configured_connect: float | None = None
+
+    @property
+    def _read_timeout(self) -> float | None:
+        return time_left(self._configured_read)
+
+    @_read_timeout.setter
+    def _read_timeout(self, value: float | None) -> None:
+        self._configured_read = value
+
+    @property
+    def _write_timeout(self) -> float | None:
+        return time_left(self._configured_write)
+
+    @_write_timeout.setter
+    def _write_timeout(self, value: float | None) -> None:
+        self._configured_write = value
+
+    @property
+    def connect_timeout(self) -> float | None:
+        return time_left(self._configured_connect)
+
+    @connect_timeout.setter
+    def connect_timeout(self, value: float | None) -> None:
+        self._configured_connect = value
+
+    def commit(self) -> None:
+        current = _current.get()
+        if current is not None:
+            current.commit_unanswered = True
+        super().commit()
+        if current is not None:
+            current.commit_unanswered = False

@@ -1,0 +1,338 @@
+"""The decisions of one lock request, without I/O: attempt; if denied, queue
+and wait until another attempt can succeed; repeat until granted, timed out
+or deadlocked.
+
+:class:`AcquireFlow` is a generator of *steps*: each one names a thing to do
+(an attempt, a sleep, a plain read of the customer's version, ...) and
+receives its outcome. It never touches the database, never sleeps and never
+takes a lock; it reads the time through the settings' clock. A driver runs the
+steps: :func:`pathlock._acquire.acquire` against the store, on the caller's
+thread. A driver that fails a step throws the error into the generator
+(``generator.throw``), which decides what it means: a lost race on a try-lock,
+a request whose time ran out while the database did not answer. (httpx's
+``auth_flow``, driven by both its sync and its async client, is the model.)
+
+The flow, step by step:
+
+- **Attempt** (:class:`Attempt`): one transaction that grants the request or
+  reports what blocks it. A request that will wait is queued by its denied
+  attempt (its ticket is its place); a try-lock, or a last attempt at the
+  deadline, is not.
+- **Place** (:class:`Place`): the denied request's ticket and the older
+  requests ahead of it, for the in-process wake-ups.
+- **Wait**: waiting holds no connection and no transaction. The flow sleeps
+  (:class:`Sleep`) as its wait policy says, and then reads the customer's
+  sentinel ``version`` (:class:`ReadVersion`). The version moves on every grant,
+  release and give-up, so an unchanged version means nothing to retry. A
+  release in this process ends the sleep at once. When the version moved, the
+  next in line attempts at once; the others first judge with plain reads
+  (:class:`Judge`) whether an attempt would succeed, and make one only then:
+  they do not queue up on the sentinel row at every hand-off. Two things move
+  no version: a lock that expires and a waiter that dies; the same check every
+  ``recheck`` seconds notices those. A waiter behind another waiter of this
+  process (:class:`Behind`) does not poll at all: that one goes first.
+- **Refresh** (:class:`Refresh`): the queue row is kept alive every
+  ``waiter_refresh`` seconds; one that lapsed is queued anew.
+- **Leave**: whatever ends the request, a queued one leaves the queue
+  (:meth:`AcquireFlow.leave`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook
+from pathlock.errors import (
+    ContentionTimeout,
+    DatabaseTimeout,
+    DeadlockDetected,
+    LockTimeout,
+    PathLockError,
+)
+from pathlock.settings import Settings
+from pathlock.types import WaiterInfo
+from pathlock.waiting import Delays
+
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+def drive(
+    steps: Generator[S, Any, R],
+    run: Callable[[S], Any],
+    thrown: type[BaseException] | tuple[type[BaseException], ...],
+) -> R:
+    """Run a generator of steps to its end on this thread: each step's reply
+    is what ``run(step)`` returns; an error of a ``thrown`` kind that it raises
+    goes back into the generator, which decides what it means. Anything else
+    ends the run (an interrupt, say). Returns the generator's value."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = run(step)
+        except thrown as failed:
+            error = failed
+
+
+# -- the steps ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Try to grant the request: reply with :class:`Granted`, :class:`Blocked`
+    or :class:`Deadlocked`. ``queue``: a denied attempt queues the request
+    (``ticket``: its place already, if any); lost races are retried until the
+    monotonic time ``patience``; the database's waits end by ``deadline``
+    (``None``: the call's default)."""
+
+    ticket: int | None
+    queue: bool
+    patience: float
+    deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """The request's place in the queue (``ticket``; ``None``: not queued) and
+    the tickets of the older requests ahead of it; ``new``: a place it did
+    not have before. Reply: nothing."""
+
+    ticket: int | None
+    ahead: tuple[int, ...]
+    new: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Sleep up to ``seconds``, or up to ``idle`` seconds while a request of
+    this process is ahead of this one; a release in this process ends it.
+    Reply: True when a release (or the manager's close) ended it."""
+
+    seconds: float
+    idle: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """Keep the queue row ``ticket`` alive. Reply: False when it was gone
+    (lapsed, or deleted by an operator)."""
+
+    ticket: int
+    deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """Reply: whether a request found ahead of this one is still waiting in
+    this process."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadVersion:
+    """Reply: the customer's sentinel version (a plain read)."""
+
+    deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Judge:
+    """Reply: the :class:`Outlook` of an attempt now, by plain reads."""
+
+    ticket: int | None
+    deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Reply: why the request must end before its next attempt (the manager
+    closed, the caller cancelled it), as the error to raise; ``None``: go on."""
+
+
+Step = Attempt | Place | Sleep | Refresh | Behind | ReadVersion | Judge | Stop
+
+Result = tuple[int, float] | None
+"""A grant's fencing token and the lease clock's time when its granting
+attempt started; ``None``: a try-lock that was denied."""
+
+
+class AcquireFlow:
+    """One lock request's decisions (see the module's docstring).
+
+    ``steps()`` is the generator a driver runs. Before it, the driver puts a
+    limit of :attr:`limit` (monotonic time) around every database call of the
+    request; after it, whatever happened, it leaves the queue with
+    :attr:`ticket` if that is set (:meth:`leave` says so).
+
+    Raises, out of the generator: :class:`LockTimeout` after ``wait_limit``
+    seconds (``None``: no limit; with ``unanswered`` set when the time ran out
+    while the database did not answer, or ``contended`` when attempts kept
+    losing races); :class:`DeadlockDetected` when waiting could never succeed;
+    :class:`ContentionTimeout` when a try-lock's attempt kept losing races for
+    ``try_patience`` seconds; whatever the driver replies to :class:`Stop`
+    (:class:`ManagerClosed`, :class:`LockCancelled`) before the next attempt.
+    """
+
+    def __init__(
+        self,
+        request: GrantRequest,
+        settings: Settings,
+        delays: Delays,
+        *,
+        blocking: bool,
+        wait_limit: float | None,
+    ) -> None:
+        self.request = request
+        self._settings = settings
+        self._clock = settings.clock
+        self._delays = delays
+        self._blocking = blocking
+        self._wait_limit = wait_limit
+        began = self._clock.monotonic()
+        self.deadline = math.inf if wait_limit is None else began + wait_limit
+        # When the database's waits must be over: a try-lock's own bound.
+        self.ends = self.deadline if blocking else began + settings.try_time
+        self.limit = self.ends + settings.grace
+        """Everything, the database's waits included, ends by then."""
+        self.ticket: int | None = None
+        """The request's place in the queue, while it has one."""
+        self._last: Blocked | None = None
+        self._refresh_due = math.inf
+        self._version: int | None = None
+        self._next_in_line = False
+
+    def leave(self) -> int | None:
+        """The ticket to give up when the request ends (timeout, deadlock,
+        error, interrupt), if it holds a place; the place is forgotten."""
+        ticket, self.ticket = self.ticket, None
+        return ticket
+
+    def steps(self) -> Generator[Step, Any, Result]:
+        """The request's steps; returns its :data:`Result`."""
+        try:
+            return (yield from self._attempts())
+        except DatabaseTimeout as error:
+            if not self._blocking or self._wait_limit is None:
+                raise
+            raise self._timeout(unanswered=True) from error
+
+    def _attempts(self) -> Generator[Step, Any, Result]:
+        clock = self._clock
+        while True:
+            stop: PathLockError | None = yield Stop()
+            if stop is not None:
+                raise stop
+            started = clock.monotonic()
+            # The lease's clock, for its deadline (it counts suspend).
+            lease_clock = clock.now()
+            # Queue only a request that will wait: one attempt that is
+            # denied costs no queue row.
+            queue = self._blocking and started < self.deadline
+            try_patience = started + self._settings.try_patience
+            patience = self.deadline if self._blocking else try_patience
+            try:
+                outcome = yield Attempt(self.ticket, queue, patience, self._by(self.ends))
+            except ContentionTimeout:
+                if not self._blocking:
+                    raise
+                raise self._timeout(contended=True) from None
+            if isinstance(outcome, Granted):
+                self.ticket = None  # the grant removed the queue row
+                return outcome.fencing_token, lease_clock
+            if not self._blocking:
+                return None  # a try-lock only reports the conflict
+            if isinstance(outcome, Deadlocked):
+                raise DeadlockDetected(self.request.paths, outcome.held_by, outcome.party)
+            self._last = outcome
+            yield self._queued(outcome.ticket, started, outcome.ahead)
+            if clock.monotonic() >= self.deadline:
+                raise self._timeout()
+            yield from self._wait(outcome.version, started)
+
+    def _timeout(self, *, unanswered: bool = False, contended: bool = False) -> LockTimeout:
+        last = self._last
+        return LockTimeout(
+            self.request.paths,
+            self._wait_limit or 0.0,
+            last.blockers if last else (),
+            last.ahead if last else (),
+            unanswered=unanswered,
+            contended=contended,
+        )
+
+    def _by(self, ends: float) -> float | None:
+        """The deadline of a database call made now: the request's own while it
+        lasts; afterwards (the last attempt, leaving the queue) or without one,
+        the call's default, which the limit around the request cuts short."""
+        return ends if self._clock.monotonic() < ends < math.inf else None
+
+    def _queued(
+        self, ticket: int | None, attempt_started: float, ahead: tuple[WaiterInfo, ...]
+    ) -> Place:
+        """The outcome of a denied attempt: the request's ticket and the older
+        requests that go first."""
+        new = ticket is not None and ticket != self.ticket
+        if new:
+            # The row was written by the attempt, which started at this time.
+            self._refresh_due = attempt_started + self._settings.waiter_refresh
+        self.ticket = ticket
+        self._next_in_line = not ahead
+        return Place(ticket, tuple(info.ticket for info in ahead), new)
+
+    def _wait(self, version: int, last_attempt: float) -> Generator[Step, Any, None]:
+        """Return when another attempt can succeed (a plain-read check says
+        so after the version moved, or at the recheck), when a local release
+        happened, or when the deadline passed. Keeps the queue row alive
+        meanwhile."""
+        clock, settings, deadline = self._clock, self._settings, self.deadline
+        self._moved_to(version)
+        recheck_at = last_attempt + settings.recheck
+        while True:
+            now = clock.monotonic()
+            # Behind another waiter of this process, there is nothing to poll
+            # or recheck for: that one goes first, and its leaving (or its
+            # place changing) wakes this one. 200 threads polling and
+            # rechecking kept the database too busy to keep their rows alive.
+            idle_until = deadline if self.ticket is None else min(deadline, self._refresh_due)
+            wake_at = min(now + self._delays.next(), recheck_at, idle_until)
+            if (yield Sleep(max(0.0, wake_at - now), max(0.0, idle_until - now))):
+                return  # a release in this process (or the manager closed)
+            now = clock.monotonic()
+            if now >= deadline:
+                return  # one last attempt, for its answer
+            if self.ticket is not None and now >= self._refresh_due:
+                if not (yield Refresh(self.ticket, self._by(deadline))):
+                    # Lapsed (this process stalled) or deleted by an operator:
+                    # queue again, behind whoever queued meanwhile.
+                    self.ticket = None
+                    yield Place(None, (), False)
+                    return
+                self._refresh_due = now + settings.waiter_refresh
+            if (yield Behind()):
+                continue
+            current = yield ReadVersion(self._by(deadline))
+            moved = current != self._version
+            if not moved and now < recheck_at:
+                continue
+            self._moved_to(current)
+            if moved and self._next_in_line:
+                return  # the likely next grant: straight to the attempt
+            recheck_at = now + settings.recheck
+            outlook: Outlook = yield Judge(self.ticket, self._by(deadline))
+            if outlook.free:
+                return
+            self._next_in_line = outlook.next_in_line
+
+    def _moved_to(self, version: int) -> None:
+        if version != self._version:
+            if self._version is not None:
+                self._delays.reset()  # the queue is moving
+            self._version = version

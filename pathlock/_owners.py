@@ -1,0 +1,77 @@
+"""Who holds a lease: a manager instance's identity plus a holder within it.
+
+The holder is, in this order: the ``owner=`` name the caller gives (a request
+id on a thread pool, say); else the asyncio task the call runs in; else the
+calling thread. Holders get ids of their own here, never the operating
+system's thread id or ``id()`` of an object: those are reused as soon as a
+thread ends or an object is freed, and would make unrelated work one owner
+(a pool thread inheriting a finished thread's locks, a new task a finished
+task's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import os
+import secrets
+import threading
+import weakref
+
+from pathlock import _validation as validation
+from pathlock.types import Owner
+
+# Process-wide counters: a holder id is never handed out twice in a process.
+# A forked child continues the parent's sequence, but its managers have new
+# identities, so its keys differ anyway.
+_next_id = itertools.count(1)
+_threads = threading.local()
+# Tasks are weakly referenced: a finished task's entry goes with it, and its
+# id is never given to another task.
+_tasks: weakref.WeakKeyDictionary[asyncio.Task[object], str] = weakref.WeakKeyDictionary()
+_tasks_lock = threading.Lock()
+
+
+def new_identity() -> str:
+    """A manager instance's random identity: 64 bits, unguessable and, for
+    practical purposes, unique among all managers that ever run."""
+    return secrets.token_hex(8)
+
+
+def _holder(name: object) -> str:
+    if name is not None:
+        digest = hashlib.blake2b(validation.owner(name).encode(), digest_size=12).hexdigest()
+        return f"n{digest}"
+    task = _current_task()
+    if task is not None:
+        with _tasks_lock:
+            holder = _tasks.get(task)
+            if holder is None:
+                holder = _tasks[task] = f"a{next(_next_id)}"
+        return holder
+    holder = getattr(_threads, "holder", None)
+    if holder is None:
+        # threading.local data dies with its thread: a new thread that gets
+        # the same OS thread id starts without it.
+        holder = _threads.holder = f"t{next(_next_id)}"
+    return str(holder)
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return asyncio.current_task()
+
+
+def current(identity: str, node_id: str, name: object = None) -> Owner:
+    """The owner of a call made now, on this thread, through the manager
+    whose identity is ``identity``; ``name`` is the caller's ``owner=``."""
+    return Owner(
+        node_id,
+        os.getpid(),
+        str(threading.get_native_id()),
+        f"{identity}.{_holder(name)}",
+    )

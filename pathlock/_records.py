@@ -1,0 +1,140 @@
+"""What the store takes in and hands back: a grant request, the outcomes of an
+attempt, rows turned into :class:`~pathlock.types.LockInfo` and
+:class:`~pathlock.types.WaiterInfo`, and the bind parameters of a request."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Row
+
+from pathlock._statements import conflict_parameters
+from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode, WaiterInfo
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRequest:
+    """Everything one attempt needs; the lease id is chosen by the client, so an
+    attempt whose commit outcome is unknown can find out whether it landed."""
+
+    customer_id: int
+    lease_id: str
+    paths: tuple[PathMode, ...]
+    owner: Owner
+    reason: str
+    ttl: float
+    # Leases of this owner whose release failed: their rows block until they
+    # expire, which is a wait, not a request waiting for itself.
+    abandoned: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """The attempt was denied by live conflicting rows (``blockers``, at most
+    :data:`MAX_BLOCKERS`) and/or older queued requests that must go first
+    (``ahead``). ``ticket``
+    is the request's place in the queue (``None``: not queued) and
+    ``version`` the customer's sentinel version as the attempt left it."""
+
+    blockers: tuple[LockInfo, ...]
+    ahead: tuple[WaiterInfo, ...]
+    ticket: int | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What plain reads say of a waiting request: whether an attempt would be
+    granted now, and whether no older queued request must go first."""
+
+    free: bool
+    next_in_line: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlocked:
+    """Waiting could never succeed: the request is blocked only by locks of its
+    own owner (``party`` is ``None``), or by locks (``held_by``) of an owner
+    whose queued request (``party``) waits for locks of the requesting owner."""
+
+    party: WaiterInfo | None
+    held_by: tuple[LockInfo, ...]
+
+
+def as_utc(value: datetime) -> datetime:
+    # DATETIME columns come back naive; they hold UTC by construction.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
+    mode: Mode = row.mode
+    return LockInfo(
+        customer_id=row.customer_id,
+        path=row.path,
+        mode=mode,
+        lease_id=row.lease_id,
+        owner=Owner(row.node_id, row.pid, row.thread, row.owner_key),
+        reason=row.reason,
+        fencing_token=row.fencing_token,
+        created_at=as_utc(row.created_at),
+        expires_at=as_utc(row.expires_at),
+    )
+
+
+def waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
+    try:
+        paths = tuple((str(path), mode) for path, mode in json.loads(row.paths))
+    except (ValueError, TypeError):  # not pathlock's JSON: show it as it is
+        paths = ((str(row.paths), EXCLUSIVE),)
+    return WaiterInfo(
+        customer_id=row.customer_id,
+        ticket=row.ticket,
+        paths=paths,
+        lease_id=row.lease_id,
+        owner=Owner(row.node_id, row.pid, row.thread, row.owner_key),
+        reason=row.reason,
+        created_at=as_utc(row.created_at),
+        expires_at=as_utc(row.expires_at),
+    )
+
+
+def grant_parameters(request: GrantRequest) -> dict[str, Any]:
+    parameters = conflict_parameters(request.paths)
+    for n, (path, mode) in enumerate(request.paths):
+        parameters[f"rq_path_{n}"] = path
+        parameters[f"rq_mode_{n}"] = mode
+    parameters.update(
+        c_id=request.customer_id,
+        l_id=request.lease_id,
+        o_node=request.owner.node_id,
+        o_pid=request.owner.pid,
+        o_thread=request.owner.thread,
+        o_key=request.owner.key,
+        why=request.reason,
+        ttl_us=round(request.ttl * 1_000_000),
+    )
+    return parameters
+
+
+def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any]:
+    # Only these keys: an INSERT takes any extra key named like a column as
+    # that column's value.
+    return {
+        "c_id": request.customer_id,
+        "l_id": request.lease_id,
+        "w_paths": json.dumps(request.paths),
+        "o_node": request.owner.node_id,
+        "o_pid": request.owner.pid,
+        "o_thread": request.owner.thread,
+        "o_key": request.owner.key,
+        "why": request.reason,
+        "w_ttl_us": round(waiter_ttl * 1_000_000),
+    }

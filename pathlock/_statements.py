@@ -1,0 +1,598 @@
+"""The SQL statements of pathlock, built once with SQLAlchemy Core.
+
+Pure construction, no execution: :mod:`pathlock._store` runs these in its
+transactions. Statements whose shape depends on a request (how many exclusive
+and shared paths) are cached per shape; everything that varies is a bind
+parameter, so SQLAlchemy compiles each shape once.
+
+Every time is the database's clock (``UTC_TIMESTAMP(6)``, independent of the
+session time zone). The few expressions that differ between MySQL/MariaDB and
+SQLite are SQLAlchemy constructs with one compilation per dialect (below), so
+each statement is written once.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ColumnElement,
+    CompoundSelect,
+    DateTime,
+    Delete,
+    Insert,
+    Integer,
+    Select,
+    String,
+    Subquery,
+    Table,
+    and_,
+    bindparam,
+    column,
+    delete,
+    exists,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    text,
+    union,
+    union_all,
+    update,
+)
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import UserDefinedType
+
+from pathlock.dialects import Fenced, Now, NowPlus, force_index, insert_if_absent
+from pathlock.paths import descendants_range, prefix_lengths
+from pathlock.schema import customer_locks, path_lock_waiters, path_locks
+from pathlock.types import EXCLUSIVE, PathMode
+
+# How many conflicting rows one attempt reads back, for the caller's error
+# message and the own-owner check. The conflict itself needs only one row.
+MAX_BLOCKERS = 20
+
+LOCK_COLUMNS = (
+    path_locks.c.customer_id,
+    path_locks.c.path,
+    path_locks.c.mode,
+    path_locks.c.lease_id,
+    path_locks.c.node_id,
+    path_locks.c.pid,
+    path_locks.c.thread,
+    path_locks.c.owner_key,
+    path_locks.c.reason,
+    path_locks.c.fencing_token,
+    path_locks.c.created_at,
+    path_locks.c.expires_at,
+)
+
+
+def now() -> ColumnElement[datetime]:
+    """The database's current UTC time (spelled by each dialect)."""
+    return Now()
+
+
+def now_plus(microseconds: ColumnElement[int]) -> ColumnElement[datetime]:
+    """The database's current UTC time plus ``microseconds``."""
+    return NowPlus(microseconds)
+
+
+# SQLite refuses a compound SELECT of more than 500 terms (its default
+# SQLITE_MAX_COMPOUND_SELECT) and an expression nested more than 1000 deep (a
+# flat chain of n ORs is n deep): longer lists nest in blocks of this many.
+_BLOCK = 256
+
+
+class _Or(FunctionElement[bool]):
+    """``(a) OR (b) OR ...``, each operand in parentheses of its own:
+    SQLAlchemy merges nested ``or_()`` into one flat chain."""
+
+    type = Boolean()
+    inherit_cache = True
+
+
+@compiles(_Or)
+def _or(element: _Or, compiler: SQLCompiler, **kw: Any) -> str:
+    operands = (compiler.process(clause, **kw) for clause in element.clauses)
+    return "(" + " OR ".join(f"({operand})" for operand in operands) + ")"
+
+
+def _any(clauses: Sequence[ColumnElement[bool]]) -> ColumnElement[bool]:
+    """``OR`` of ``clauses``, nested in blocks: as deep as :data:`_BLOCK`
+    plus the number of blocks, not as deep as the number of clauses."""
+    if len(clauses) <= _BLOCK:
+        return or_(*clauses)
+    return _Or(*(_any(clauses[n : n + _BLOCK]) for n in range(0, len(clauses), _BLOCK)))
+
+
+def _table(rows: Sequence[Select[*tuple[Any, ...]]], name: str) -> Subquery:
+    """The rows (one SELECT each, same columns) as one derived table, nested
+    in blocks of :data:`_BLOCK` SELECTs."""
+    while len(rows) > _BLOCK:
+        blocks = [union_all(*rows[n : n + _BLOCK]).subquery() for n in range(0, len(rows), _BLOCK)]
+        rows = [select(*block.c) for block in blocks]
+    return (union_all(*rows) if len(rows) > 1 else rows[0]).subquery(name)
+
+
+def _requested(count: int, name: str) -> Subquery:
+    """The requested paths (``:rq_path_N``, ``:rq_mode_N``) with their
+    position ``k``."""
+    return _table(
+        [
+            select(
+                bindparam(f"rq_path_{n}", type_=String).label("path"),
+                bindparam(f"rq_mode_{n}", type_=String).label("mode"),
+                literal_column(str(n), Integer).label("k"),
+            )
+            for n in range(count)
+        ],
+        name,
+    )
+
+
+class _IntegerRows(UserDefinedType[list[tuple[int, int]]]):
+    """A list of ``(k, n)`` pairs of integers, written into the statement at
+    execution as a derived table of numbers (``SELECT 0 AS k, 1 AS n UNION
+    ALL SELECT 0, 3 ...``): a compact table whose size does not change the
+    compiled statement. Only integers are ever written (``%d``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:  # pragma: no cover - never a column
+        return "INTEGER"
+
+    def literal_processor(self, _dialect: Dialect) -> Callable[[Any], str]:
+        return _integer_rows
+
+
+def _integer_rows(rows: Sequence[tuple[int, int]]) -> str:
+    # SQLAlchemy compiles a statement of thousands of SELECTs in seconds (the
+    # time grows faster than their number); this text costs microseconds a row.
+    numbers = [(operator.index(k), operator.index(n)) for k, n in rows]
+    blocks = [_numbers(numbers[i : i + _BLOCK]) for i in range(0, len(numbers), _BLOCK)]
+    while len(blocks) > 1:
+        blocks = [
+            " UNION ALL ".join(
+                f"SELECT k, n FROM ({block}) AS b{j}"
+                for j, block in enumerate(blocks[i : i + _BLOCK])
+            )
+            for i in range(0, len(blocks), _BLOCK)
+        ]
+    return blocks[0]
+
+
+def _numbers(rows: Sequence[tuple[int, int]]) -> str:
+    (k, n), *rest = rows
+    return " UNION ALL ".join(
+        [f"SELECT {k:d} AS k, {n:d} AS n", *(f"SELECT {k:d}, {n:d}" for k, n in rest)]
+    )
+
+
+def _prefixes() -> Subquery:
+    """The rows ``(k, n)`` of ``:prefixes``: requested path ``k`` meets by
+    equality the path made of its first ``n`` characters. A path of depth d
+    costs d short rows of numbers, where spelling out its ancestors cost the
+    square of d characters."""
+    rows = bindparam("prefixes", type_=_IntegerRows(), literal_execute=True)
+    table = text(":prefixes").bindparams(rows).columns(column("k", Integer), column("n", Integer))
+    return table.subquery("prefixes")
+
+
+_ONE = literal_column("1", Integer)
+
+
+def _alive() -> list[ColumnElement[bool]]:
+    return [path_locks.c.customer_id == bindparam("c_id"), path_locks.c.expires_at > now()]
+
+
+# The index of the conflict check, named for MySQL/MariaDB below.
+PATH_INDEX = next(
+    str(index.name)
+    for index in path_locks.indexes
+    if [column.name for column in index.columns] == ["customer_id", "path"]
+)
+
+
+def equal_conflicts(paths: int, *columns: Any) -> Select[Any]:
+    """Live rows of the customer on a requested path or one of its ancestors,
+    in a mode that conflicts with the request's. One index lookup of
+    ``(customer_id, path)`` per prefix row: each ancestor is cut from the
+    requested path by the database (``SUBSTRING(path, 1, n)``)."""
+    requested = _requested(paths, "requested_paths")
+    prefix = _prefixes()
+    statement = (
+        select(*columns)
+        .select_from(
+            requested.join(prefix, prefix.c.k == requested.c.k).join(
+                path_locks,
+                and_(
+                    path_locks.c.customer_id == bindparam("c_id"),
+                    path_locks.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
+                ),
+            )
+        )
+        .where(
+            path_locks.c.expires_at > now(),
+            or_(requested.c.mode == EXCLUSIVE, path_locks.c.mode == EXCLUSIVE),
+        )
+    )
+    # The lookups are by value computed per row, which MySQL/MariaDB cost
+    # from the index statistics alone. While those are stale (a customer's
+    # rows grew fast after the last ANALYZE), they guessed half the table per
+    # lookup and scanned all of the customer's rows instead (EXPLAIN, 100,000
+    # rows): the index is the plan whatever the statistics say.
+    return force_index(statement, path_locks, PATH_INDEX)
+
+
+def _descendants(group: str, count: int) -> ColumnElement[bool]:
+    return _any(
+        [
+            and_(
+                path_locks.c.path >= bindparam(f"{group}_low_{n}"),
+                path_locks.c.path < bindparam(f"{group}_high_{n}"),
+            )
+            for n in range(count)
+        ]
+    )
+
+
+def below_conflicts(exclusive: int, shared: int, *columns: Any) -> Select[Any]:
+    """Live rows of the customer inside a requested path (from
+    ``:x_low_N`` up to ``:x_high_N``, likewise ``s_`` for the shared ones:
+    index ranges), in a conflicting mode."""
+    clauses = []
+    if exclusive:
+        clauses.append(_descendants("x", exclusive))
+    if shared:
+        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, _descendants("s", shared)))
+    return select(*columns).where(*_alive(), or_(*clauses))
+
+
+def conflict_parameters(paths: Sequence[PathMode]) -> dict[str, Any]:
+    """The bind parameters of the conflict queries for ``paths``."""
+    parameters: dict[str, Any] = {}
+    prefixes: list[tuple[int, int]] = []
+    for k, (path, mode) in enumerate(paths):
+        parameters[f"rq_path_{k}"] = path
+        parameters[f"rq_mode_{k}"] = mode
+        prefixes.extend((k, n) for n in prefix_lengths(path))
+    parameters["prefixes"] = prefixes
+    for group, wanted in (("x", True), ("s", False)):
+        chosen = [path for path, mode in paths if (mode == EXCLUSIVE) == wanted]
+        for n, path in enumerate(chosen):
+            low, high = descendants_range(path)
+            parameters[f"{group}_low_{n}"] = low
+            parameters[f"{group}_high_{n}"] = high
+    return parameters
+
+
+def shape(paths: Sequence[PathMode]) -> tuple[int, int]:
+    """What the statements of a request are built for: how many exclusive and
+    how many shared paths."""
+    exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
+    return exclusive, len(paths) - exclusive
+
+
+@functools.lru_cache(maxsize=128)
+def blockers_query(exclusive: int, shared: int) -> CompoundSelect[Any]:
+    """Up to :data:`MAX_BLOCKERS` live rows that conflict with a request of
+    ``exclusive`` + ``shared`` paths, each once."""
+    return union(
+        equal_conflicts(exclusive + shared, *LOCK_COLUMNS),
+        below_conflicts(exclusive, shared, *LOCK_COLUMNS),
+    ).limit(MAX_BLOCKERS)
+
+
+# Stands for "no ticket yet" in the queue condition: every queued ticket is lower.
+NO_TICKET = 2**63 - 1
+
+
+def queue_condition() -> ColumnElement[bool]:
+    """Live queued requests of the customer with a ticket older than
+    ``:ticket`` (any queued request, for a request that has no ticket yet)."""
+    return and_(
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.ticket < bindparam("w_ticket", type_=BigInteger),
+        path_lock_waiters.c.expires_at > now(),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
+    """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
+    WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
+    trip. Built once per request shape (:func:`shape`); the paths are bind
+    parameters, and the statement grows linearly with them.
+
+    ``queued=True`` also requires that no older request is queued at all: the
+    common case (an empty queue) stays one statement, and the store judges a
+    non-empty queue request by request (:mod:`pathlock._fairness`) before
+    inserting with ``queued=False``."""
+    paths = exclusive + shared
+    requested = _requested(paths, "requested")
+    values = (
+        select(
+            bindparam("c_id", type_=BigInteger),
+            bindparam("l_id", type_=String),
+            requested.c.path,
+            requested.c.mode,
+            bindparam("o_node", type_=String),
+            bindparam("o_pid", type_=Integer),
+            bindparam("o_thread", type_=String),
+            bindparam("o_key", type_=String),
+            bindparam("why", type_=String),
+            # The fencing token: the sentinel's version as this transaction's own
+            # write left it, so the statement needs no value from the client and
+            # can be sent together with that write (pathlock._batch). Joining the
+            # sentinel row also means no row goes in if it does not exist: then
+            # nothing serialized this grant.
+            customer_locks.c.version,
+            now(),
+            now_plus(bindparam("ttl_us", type_=BigInteger)),
+        )
+        .select_from(
+            requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
+        )
+        .where(
+            ~equal_conflicts(paths, path_locks.c.id).exists(),
+            ~below_conflicts(exclusive, shared, path_locks.c.id).exists(),
+        )
+    )
+    if queued:
+        values = values.where(~exists().where(queue_condition()))
+    columns = [
+        "customer_id",
+        "lease_id",
+        "path",
+        "mode",
+        "node_id",
+        "pid",
+        "thread",
+        "owner_key",
+        "reason",
+        "fencing_token",
+        "created_at",
+        "expires_at",
+    ]
+    return insert(path_locks).from_select(columns, values)
+
+
+# The fixed statements, built once.
+BUMP = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(version=Fenced(customer_locks.c.version + 1))
+)
+# BUMP for a grant: it also records the customer's case rule, and writes nothing
+# (no row) when the customer's first grant recorded the other one.
+_CASE = bindparam("c_case", type_=Boolean)
+CLAIM = (
+    update(customer_locks)
+    .where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        or_(
+            customer_locks.c.case_insensitive == _CASE,
+            customer_locks.c.case_insensitive.is_(None),
+        ),
+    )
+    .values(version=Fenced(customer_locks.c.version + 1), case_insensitive=_CASE)
+)
+CASE_RULE = select(customer_locks.c.case_insensitive).where(
+    customer_locks.c.customer_id == bindparam("c_id")
+)
+# Undoes BUMP within its transaction: the sentinel is still written (the lock
+# and, on a cluster, the write conflict stay), but the version does not move.
+UNBUMP = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(version=customer_locks.c.version - 1)
+)
+VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
+# If absent: a concurrent first use may insert the row too.
+CREATE_SENTINEL = insert_if_absent(customer_locks).values(customer_id=bindparam("c_id"), version=0)
+# A retried grant's own rows, if its earlier attempt's COMMIT landed: alive
+# (still before their expiry) or not.
+LANDED = (
+    select(path_locks.c.fencing_token, (path_locks.c.expires_at > now()).label("alive"))
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"), path_locks.c.lease_id == bindparam("l_id")
+    )
+    .limit(1)
+)
+DROP_EXPIRED_LEASE = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("l_id"),
+    path_locks.c.expires_at <= now(),
+)
+RELEASE = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("l_id"),
+)
+# By the owner's key only: node, pid and thread repeat across containers and
+# thread pools (see pathlock._owners).
+RELEASE_OWNER = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.owner_key == bindparam("o_key"),
+)
+
+# Renewal: the sentinels first (in key order, as one statement), so no grant of
+# these customers runs between the renewal's check of expires_at and its commit:
+# a renewal that saw a lease alive must not commit after a grant that saw it
+# expired (the row would come back to life under someone else's lock).
+LOCK_SENTINELS = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
+    .values(version=customer_locks.c.version + 1)
+)
+# The heartbeat's first statement on servers that can skip locked rows: it
+# locks the sentinels that are free and passes over those another transaction
+# holds (a grant in progress, or a client frozen in the middle of one), so one
+# customer's stall never holds up the renewal of the others. LOCK_SENTINELS
+# then writes the ones it got (a write, not only a lock: on a cluster the
+# renewal must conflict with grants at certification).
+CLAIM_SENTINELS = (
+    select(customer_locks.c.customer_id)
+    .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
+    .order_by(customer_locks.c.customer_id)
+    .with_for_update(skip_locked=True)
+)
+# Never resurrects: a row whose expiry already passed stays expired.
+RENEW = (
+    update(path_locks)
+    .where(
+        path_locks.c.lease_id.in_(bindparam("l_ids", expanding=True)),
+        path_locks.c.expires_at > now(),
+    )
+    .values(expires_at=now_plus(bindparam("ttl_us", type_=BigInteger)))
+)
+HELD = (
+    select(path_locks.c.lease_id)
+    .where(
+        path_locks.c.lease_id.in_(bindparam("l_ids", expanding=True)),
+        path_locks.c.expires_at > now(),
+    )
+    .distinct()
+)
+
+# How many of a lease's rows are alive by the database's clock: a holder about
+# to do something irreversible asks (Lease.ensure_held(verify=True)).
+LEASE_ALIVE = select(func.count()).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("l_id"),
+    path_locks.c.expires_at > now(),
+)
+
+# The queue of blocked requests (see pathlock._fairness for who waits for whom).
+ENQUEUE = insert(path_lock_waiters).values(
+    customer_id=bindparam("c_id"),
+    lease_id=bindparam("l_id"),
+    paths=bindparam("w_paths"),
+    node_id=bindparam("o_node"),
+    pid=bindparam("o_pid"),
+    thread=bindparam("o_thread"),
+    owner_key=bindparam("o_key"),
+    reason=bindparam("why"),
+    created_at=now(),
+    expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)),
+)
+# A retried attempt whose enqueue may have committed finds its own row by lease.
+ENQUEUED = (
+    select(path_lock_waiters.c.ticket)
+    .where(path_lock_waiters.c.lease_id == bindparam("l_id"))
+    .order_by(path_lock_waiters.c.ticket)
+    .limit(1)
+)
+# By ticket and lease: a request only ever touches its own row.
+DEQUEUE = delete(path_lock_waiters).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.ticket == bindparam("w_ticket"),
+    path_lock_waiters.c.lease_id == bindparam("l_id"),
+)
+# A request whose outcome is in doubt (interrupted) leaves the queue by its
+# lease id: the ticket may never have reached the client.
+FORGET_REQUEST = delete(path_lock_waiters).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.lease_id == bindparam("l_id"),
+)
+# Keeps a live waiter's place; never revives a row that lapsed (others may have
+# gone ahead of it meanwhile: it queues again with a new ticket).
+REFRESH_WAITER = (
+    update(path_lock_waiters)
+    .where(
+        path_lock_waiters.c.ticket == bindparam("w_ticket"),
+        path_lock_waiters.c.lease_id == bindparam("l_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .values(expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)))
+)
+# The requesting owner's live locks: the queue passes over waiters that wait
+# for them, and a cycle through another owner's queued request is a deadlock.
+OWNER_LOCKS = select(path_locks.c.path, path_locks.c.mode).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.owner_key == bindparam("o_key"),
+    path_locks.c.expires_at > now(),
+)
+
+# Operator clean-up.
+LEASE_CUSTOMER = (
+    select(path_locks.c.customer_id).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
+)
+NODE_CUSTOMERS = (
+    select(path_locks.c.customer_id)
+    .where(path_locks.c.node_id == bindparam("o_node"))
+    .union(
+        select(path_lock_waiters.c.customer_id).where(
+            path_lock_waiters.c.node_id == bindparam("o_node")
+        )
+    )
+)
+RELEASE_NODE = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.node_id == bindparam("o_node"),
+)
+RELEASE_NODE_WAITERS = delete(path_lock_waiters).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.node_id == bindparam("o_node"),
+)
+
+
+def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Delete]:
+    """The reaper's two statements for ``table``: pick the ids of up to
+    ``batch`` rows that expired by ``cutoff`` (the database's time when the run
+    began, so a run ends even while rows keep expiring), oldest expiry first
+    along the expires_at index; then delete those ids. Renewal never extends an
+    expired row, so a picked row stays expired; the DELETE still checks, so it
+    is correct on its own. Several reapers at once are harmless: the later one
+    deletes nothing."""
+    pick = (
+        select(key)
+        .where(table.c.expires_at <= bindparam("cutoff", type_=DateTime()))
+        .order_by(table.c.expires_at)
+        .limit(bindparam("batch", type_=Integer))
+    )
+    remove = delete(table).where(
+        key.in_(bindparam("ids", expanding=True)), table.c.expires_at <= now()
+    )
+    return pick, remove
+
+
+REAP_LOCKS = expired_batch(path_locks, path_locks.c.id)
+REAP_WAITERS = expired_batch(path_lock_waiters, path_lock_waiters.c.ticket)
+
+WAITER_COLUMNS = (
+    path_lock_waiters.c.customer_id,
+    path_lock_waiters.c.ticket,
+    path_lock_waiters.c.lease_id,
+    path_lock_waiters.c.paths,
+    path_lock_waiters.c.node_id,
+    path_lock_waiters.c.pid,
+    path_lock_waiters.c.thread,
+    path_lock_waiters.c.owner_key,
+    path_lock_waiters.c.reason,
+    path_lock_waiters.c.created_at,
+    path_lock_waiters.c.expires_at,
+)
+# How many queued requests one denied attempt reads; per customer the queue is
+# short (a few requests a second), this only bounds a pathological one.
+MAX_WAITERS = 1000
+LIVE_WAITERS = (
+    select(*WAITER_COLUMNS)
+    .where(
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .order_by(path_lock_waiters.c.ticket)
+    .limit(MAX_WAITERS)
+)

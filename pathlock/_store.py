@@ -1,0 +1,553 @@
+"""Where pathlock talks to the database: one operation is one short transaction
+(the statements themselves are built in :mod:`pathlock._statements`).
+
+The acquire attempt follows the original design:
+
+1. write the customer's sentinel row (``version = LAST_INSERT_ID(version + 1)``):
+   every two grants or releases of one customer now conflict, on one server and
+   on a multi-master cluster alike; the new version, returned in the UPDATE's
+   own reply, is the fencing token;
+2. one ``INSERT ... SELECT ... WHERE NOT EXISTS`` inserts a row for every
+   requested path only if no live conflicting row exists (one consistent read
+   covers all paths, so it inserts all rows or none);
+3. all inserted: commit; none: read the blockers (for the caller), roll back
+   (the version bump goes with it). Nothing is held between attempts.
+
+Transactions run in READ COMMITTED: under REPEATABLE READ a read before the
+sentinel write would fix the snapshot and the conflict query would read the past.
+Every time is the database's clock (``UTC_TIMESTAMP(6)``, independent of the
+session time zone): app servers' clocks drift, the database is the one clock
+they share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from pathlock import _batch as batch
+from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
+from pathlock._records import (
+    Blocked,
+    Deadlocked,
+    Granted,
+    GrantRequest,
+    Outlook,
+    grant_parameters,
+    lock_info,
+    waiter_info,
+    waiter_parameters,
+)
+from pathlock._statements import (
+    BUMP,
+    CLAIM,
+    CLAIM_SENTINELS,
+    DEQUEUE,
+    DROP_EXPIRED_LEASE,
+    ENQUEUE,
+    ENQUEUED,
+    FORGET_REQUEST,
+    HELD,
+    LANDED,
+    LEASE_ALIVE,
+    LIVE_WAITERS,
+    LOCK_SENTINELS,
+    MAX_BLOCKERS,
+    NO_TICKET,
+    OWNER_LOCKS,
+    REFRESH_WAITER,
+    RELEASE,
+    RELEASE_OWNER,
+    RENEW,
+    UNBUMP,
+    VERSION,
+    blockers_query,
+    grant_statement,
+    shape,
+)
+from pathlock._transactions import Transactions
+from pathlock.errors import BackendError
+from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
+
+
+@dataclass
+class _Picture:
+    """Who is in the way of a request: live conflicting locks (``blockers``)
+    and the older queued requests that must go first (``ahead``); ``queued``
+    is the customer's whole live queue."""
+
+    blockers: tuple[LockInfo, ...]
+    queued: list[WaiterInfo]
+    ahead: tuple[WaiterInfo, ...]
+    owner_locks: _OwnerLocks
+
+    @classmethod
+    def read(
+        cls,
+        connection: Connection,
+        request: GrantRequest,
+        ticket: int | None,
+        parameters: dict[str, Any],
+    ) -> _Picture:
+        blockers = tuple(
+            lock_info(row)
+            for row in connection.execute(blockers_query(*shape(request.paths)), parameters)
+        )
+        queued = [waiter_info(row) for row in connection.execute(LIVE_WAITERS, parameters)]
+        owner_locks = _OwnerLocks(connection, parameters)
+        ahead: list[WaiterInfo] = []
+        earlier = [info for info in queued if ticket is None or info.ticket < ticket]
+        if any(requests_conflict(info.paths, request.paths) for info in earlier):
+            ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
+        return cls(blockers, queued, tuple(ahead), owner_locks)
+
+
+class _OwnerLocks:
+    """The requesting owner's live locks, read once and only if needed."""
+
+    def __init__(self, connection: Connection, parameters: dict[str, Any]) -> None:
+        self._connection = connection
+        self._parameters = parameters
+        self._paths: list[PathMode] | None = None
+
+    def get(self) -> list[PathMode]:
+        if self._paths is None:
+            rows = self._connection.execute(OWNER_LOCKS, self._parameters)
+            self._paths = [(row.path, row.mode) for row in rows]
+        return self._paths
+
+
+def _deadlock(
+    request: GrantRequest,
+    blockers: tuple[LockInfo, ...],
+    queued: list[WaiterInfo],
+    owner_locks: _OwnerLocks,
+) -> Deadlocked | None:
+    owner = request.owner.identity
+    # Fewer rows than the limit means every blocker was seen. Rows of a lease
+    # whose release failed expire on their own: waiting for them ends.
+    if len(blockers) < MAX_BLOCKERS and all(
+        info.owner.identity == owner and info.lease_id not in request.abandoned for info in blockers
+    ):
+        return Deadlocked(None, blockers)
+    holders = {info.owner.identity for info in blockers}
+    candidates = [
+        info for info in queued if info.owner.identity in holders and info.owner.identity != owner
+    ]
+    if not candidates:
+        return None
+    party = deadlock_party(request.owner, blockers, candidates, owner_locks.get())
+    if party is None:
+        return None
+    party_owner = party.owner.identity
+    return Deadlocked(party, tuple(info for info in blockers if info.owner.identity == party_owner))
+
+
+class Store:
+    """The SQL operations of grants, the queue, releases and renewals, run
+    through ``transactions`` (its nodes, retries and sentinel write).
+
+    Every public method is one transaction (or a bounded series of retries of
+    one), retried on transient errors with a WARNING each time, and raises
+    :class:`BackendError` for anything else. Each ends by its ``deadline``
+    (monotonic time; default: ``settings.call_time`` from now), or raises
+    :class:`DatabaseTimeout` (see ``Transactions.run``).
+    """
+
+    def __init__(self, transactions: Transactions) -> None:
+        self._tx = transactions
+        self.settings = transactions.settings
+        self.events = transactions.events
+        self.router = transactions.router
+        self.dialect = transactions.dialect
+        self.home = transactions.home
+
+    # -- operations -----------------------------------------------------------
+
+    def prepare(self, request: GrantRequest) -> None:
+        """Compile the statements of ``request``'s shape that travel in one
+        batch, before its time starts to run (see :func:`batch.prepare`)."""
+        dialect = self.router.nodes[0].engine.dialect
+        if self.dialect.batches:
+            batch.prepare(CLAIM, dialect)
+            batch.prepare(grant_statement(*shape(request.paths), queued=True), dialect)
+
+    def try_grant(
+        self,
+        request: GrantRequest,
+        ticket: int | None,
+        *,
+        queue: bool,
+        patience: float,
+        deadline: float | None = None,
+    ) -> Granted | Blocked | Deadlocked:
+        """One attempt to grant every path of ``request`` at once.
+
+        ``ticket`` is the request's place in the queue from an earlier attempt
+        (``None``: not queued). A denied request with ``queue=True`` and no
+        ticket is queued in the same transaction as its denial, so every later
+        grant of the customer sees it. A grant removes the request's queue row.
+        An attempt that loses a race (1213) is tried again until the monotonic
+        time ``patience``, then :class:`ContentionTimeout`. Everything ends by
+        the monotonic time ``deadline`` (see ``Transactions.run``), then
+        :class:`DatabaseTimeout`; a grant whose COMMIT got no reply by then is
+        looked for by its lease id within the grace that follows.
+        """
+
+        def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
+            if number == 1 and self.dialect.can_batch(connection):
+                outcome = self._grant_batched(connection, request, ticket, queue)
+                if outcome is not None:
+                    return outcome
+            token = self._tx.bump(connection, request.customer_id, grant=True)
+            known = ticket
+            if number > 1:
+                # The previous attempt may have failed after its COMMIT landed
+                # (connection lost during COMMIT): then our rows exist, and
+                # granting again would block on ourselves or insert twice; or
+                # it was queued, and must not queue twice.
+                parameters = {"c_id": request.customer_id, "l_id": request.lease_id}
+                landed = connection.execute(LANDED, parameters).first()
+                if landed is not None and landed.alive:
+                    connection.rollback()
+                    return Granted(int(landed.fencing_token))
+                if landed is not None:
+                    # It landed, but its reply came back after its ttl: others
+                    # may hold the paths by now. Drop the expired rows and
+                    # attempt afresh, as a request that was never granted.
+                    connection.execute(DROP_EXPIRED_LEASE, parameters)
+                if known is None:
+                    known = connection.execute(ENQUEUED, parameters).scalar()
+            return self._grant(connection, request, token, known, queue)
+
+        return self._tx.run(
+            "acquiring locks",
+            attempt,
+            customer_id=request.customer_id,
+            deadline=deadline,
+            patience=patience,
+        )
+
+    def _grant_batched(
+        self, connection: Connection, request: GrantRequest, ticket: int | None, queue: bool
+    ) -> Granted | Blocked | Deadlocked | None:
+        """The first two statements of :meth:`_grant` (sentinel write, then
+        the grant) in one round trip; ``None`` (rolled back) if the sentinel
+        row does not exist yet: then nothing was serialized, and the caller
+        creates it and attempts the usual way."""
+        parameters = self._grant_parameters(request, ticket)
+        bumped, granted = batch.run(
+            connection,
+            [
+                (CLAIM, self._tx.claim_parameters(request.customer_id)),
+                (grant_statement(*shape(request.paths), queued=True), parameters),
+            ],
+        )
+        if bumped.rowcount == 0:
+            connection.rollback()
+            return None
+        token = bumped.lastrowid
+        if self._all_or_none(connection, request, granted.rowcount):
+            return self._granted(connection, request, token, ticket)
+        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
+
+    @staticmethod
+    def _grant_parameters(request: GrantRequest, ticket: int | None) -> dict[str, Any]:
+        parameters = grant_parameters(request)
+        parameters["w_ticket"] = NO_TICKET if ticket is None else ticket
+        return parameters
+
+    def _grant(
+        self,
+        connection: Connection,
+        request: GrantRequest,
+        token: int,
+        ticket: int | None,
+        queue: bool,
+    ) -> Granted | Blocked | Deadlocked:
+        parameters = self._grant_parameters(request, ticket)
+        # Check and insert in one statement: the rows go in only if no live
+        # conflicting row exists and nobody is queued before us (the subquery
+        # is one consistent read, so it is all rows or none).
+        if self._insert(connection, request, parameters, queued=True):
+            return self._granted(connection, request, token, ticket)
+        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
+
+    def _denied(
+        self,
+        connection: Connection,
+        request: GrantRequest,
+        token: int,
+        ticket: int | None,
+        *,
+        queue: bool,
+        parameters: dict[str, Any],
+    ) -> Granted | Blocked | Deadlocked:
+        # Denied: read who is in the way while still holding the sentinel, so
+        # the picture is the one that denied us (the grant's parameters hold
+        # the conflict query's, and more).
+        picture = _Picture.read(connection, request, ticket, parameters)
+        if picture.blockers:
+            deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
+            if deadlock is not None:
+                connection.rollback()
+                return deadlock
+        elif not picture.ahead and self._insert(connection, request, parameters, queued=False):
+            # The queue was not empty, but nobody in it conflicts.
+            return self._granted(connection, request, token, ticket)
+        blockers, ahead = picture.blockers, picture.ahead
+        if queue and ticket is None:
+            # Queued under the sentinel, so every later grant sees it. The
+            # version stays put: nobody watching has anything new to try.
+            ticket = connection.execute(
+                ENQUEUE, waiter_parameters(request, self.settings.waiter_ttl)
+            ).lastrowid
+            connection.execute(UNBUMP, {"c_id": request.customer_id})
+            connection.commit()
+        else:
+            connection.rollback()  # the version bump goes with it
+        return Blocked(blockers, ahead, ticket, token - 1)
+
+    @classmethod
+    def _insert(
+        cls,
+        connection: Connection,
+        request: GrantRequest,
+        parameters: dict[str, Any],
+        *,
+        queued: bool,
+    ) -> bool:
+        statement = grant_statement(*shape(request.paths), queued=queued)
+        inserted = connection.execute(statement, parameters).rowcount
+        return cls._all_or_none(connection, request, inserted)
+
+    @staticmethod
+    def _all_or_none(connection: Connection, request: GrantRequest, inserted: int) -> bool:
+        """True if every path was inserted, False if none was; anything else
+        is rolled back and raised (one consistent read makes it impossible)."""
+        if inserted in (0, len(request.paths)):
+            return bool(inserted)
+        connection.rollback()
+        raise BackendError(
+            "acquiring locks",
+            RuntimeError(f"{inserted} of {len(request.paths)} rows inserted; rolled back"),
+        )
+
+    @staticmethod
+    def _granted(
+        connection: Connection, request: GrantRequest, token: int, ticket: int | None
+    ) -> Granted:
+        if ticket is not None:
+            parameters = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
+            connection.execute(DEQUEUE, parameters)
+        connection.commit()
+        return Granted(token)
+
+    def could_grant(
+        self, request: GrantRequest, ticket: int | None, *, deadline: float | None = None
+    ) -> Outlook:
+        """Whether an attempt would grant ``request`` now, judged by plain
+        reads without the sentinel: a waiter asks this when the version moved
+        (or at its recheck) and makes a real attempt only if so. Many waiters
+        asking at once therefore do not queue up on the sentinel row."""
+        parameters = grant_parameters(request)
+
+        def attempt(connection: Connection, _number: int) -> Outlook:
+            picture = _Picture.read(connection, request, ticket, parameters)
+            connection.rollback()
+            return Outlook(
+                free=not picture.blockers and not picture.ahead, next_in_line=not picture.ahead
+            )
+
+        return self._tx.run(
+            "watching the queue",
+            attempt,
+            read_only=True,
+            customer_id=request.customer_id,
+            deadline=deadline,
+        )
+
+    def leave_queue(
+        self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
+    ) -> None:
+        """Remove a request that gives up (timeout, error) from the queue. The
+        sentinel write moves the version, so the requests queued behind it
+        try again at once instead of at their next recheck."""
+
+        def attempt(connection: Connection, _number: int) -> None:
+            self._tx.bump(connection, customer_id)
+            parameters = {"c_id": customer_id, "l_id": lease_id, "w_ticket": ticket}
+            connection.execute(DEQUEUE, parameters)
+            connection.commit()
+
+        self._tx.run("leaving the queue", attempt, customer_id=customer_id, deadline=deadline)
+
+    def refresh_waiter(
+        self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
+    ) -> bool:
+        """Keep a queued request alive for another ``settings.waiter_ttl``; ``False``
+        if its row lapsed or was deleted (it must queue again)."""
+        parameters = {
+            "l_id": lease_id,
+            "w_ticket": ticket,
+            "w_ttl_us": round(self.settings.waiter_ttl * 1_000_000),
+        }
+
+        def attempt(connection: Connection, _number: int) -> bool:
+            refreshed = connection.execute(REFRESH_WAITER, parameters).rowcount
+            connection.commit()
+            return bool(refreshed)
+
+        return self._tx.run(
+            "keeping a queued request alive", attempt, customer_id=customer_id, deadline=deadline
+        )
+
+    def version(self, customer_id: int, *, deadline: float | None = None) -> int:
+        """The customer's sentinel version, by a plain read: it moves on every
+        grant, release and give-up, so a waiter that sees the same
+        value as at its last attempt has nothing to try again for."""
+
+        def attempt(connection: Connection, _number: int) -> int:
+            value = connection.execute(VERSION, {"c_id": customer_id}).scalar()
+            connection.rollback()
+            return 0 if value is None else int(value)
+
+        return self._tx.run(
+            "watching the queue",
+            attempt,
+            read_only=True,
+            customer_id=customer_id,
+            deadline=deadline,
+        )
+
+    def lease_alive(self, customer_id: int, lease_id: str, rows: int) -> bool:
+        """Whether all ``rows`` rows of the lease exist and have not expired,
+        by the database's clock (a plain read)."""
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
+        def attempt(connection: Connection, _number: int) -> bool:
+            alive = connection.execute(LEASE_ALIVE, parameters).scalar_one()
+            connection.rollback()
+            return int(alive) == rows
+
+        return self._tx.run(
+            "asking whether a lease is held", attempt, read_only=True, customer_id=customer_id
+        )
+
+    def release(
+        self, customer_id: int, lease_id: str, *, deadline: float | None = None
+    ) -> int | None:
+        """Delete the rows of one lease; return how many there were, or
+        ``None`` when a retry found none: then an earlier attempt may have
+        deleted them (its COMMIT landed, its reply was lost)."""
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
+        def attempt(connection: Connection, number: int) -> int | None:
+            deleted = self._release_once(connection, customer_id, parameters)
+            return None if deleted == 0 and number > 1 else deleted
+
+        return self._tx.run(
+            "releasing a lease", attempt, customer_id=customer_id, deadline=deadline
+        )
+
+    def forget(self, customer_id: int, lease_id: str) -> int:
+        """Delete every row of ``lease_id``, locks and queue row alike, in one
+        transaction: what an interrupted request or release may have left.
+        Returns the number of lock rows deleted."""
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
+        def attempt(connection: Connection, _number: int) -> int:
+            self._tx.bump(connection, customer_id)
+            deleted: int = connection.execute(RELEASE, parameters).rowcount
+            connection.execute(FORGET_REQUEST, parameters)
+            connection.commit()
+            return deleted
+
+        return self._tx.run("releasing a lease left in doubt", attempt, customer_id=customer_id)
+
+    def _release_once(
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any]
+    ) -> int:
+        if self.dialect.can_batch(connection):
+            bumped, deleted = batch.run(
+                connection, [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)]
+            )
+            if bumped.rowcount:
+                connection.commit()
+                return deleted.rowcount
+            connection.rollback()  # no sentinel row yet: the usual way creates it
+        self._tx.bump(connection, customer_id)
+        deleted_rows: int = connection.execute(RELEASE, parameters).rowcount
+        connection.commit()
+        return deleted_rows
+
+    def release_owner(self, customer_id: int, owner: Owner) -> int:
+        """Delete every row ``owner`` holds for ``customer_id``."""
+
+        def attempt(connection: Connection, _number: int) -> int:
+            self._tx.bump(connection, customer_id)
+            parameters = {"c_id": customer_id, "o_key": owner.key}
+            deleted = connection.execute(RELEASE_OWNER, parameters).rowcount
+            connection.commit()
+            return deleted
+
+        return self._tx.run("releasing an owner's locks", attempt, customer_id=customer_id)
+
+    def renew(
+        self,
+        leases: Sequence[tuple[int, str, int]],
+        ttl: float,
+        *,
+        wait: bool = True,
+        deadline: float | None = None,
+    ) -> tuple[set[str], set[int]]:
+        """Extend ``leases`` ((customer id, lease id, row count) triples) to
+        expire ``ttl`` seconds from now, database time. Returns the ids still
+        held, and the customers skipped. A lease whose rows expired or were
+        deleted is not renewed and not returned.
+
+        With ``wait=False``, on servers that can skip locked rows (MariaDB
+        10.6+, MySQL 8), a customer whose sentinel another transaction holds
+        is skipped: its leases are neither renewed nor returned, and the
+        others are renewed without waiting for it. Otherwise the renewal
+        waits for every sentinel, and nothing is skipped; everything by the
+        monotonic time ``deadline`` (see ``Transactions.run``)."""
+        customers = sorted({customer_id for customer_id, _, _ in leases})
+
+        def attempt(connection: Connection, _number: int) -> tuple[set[str], set[int]]:
+            claimed = customers
+            if not wait and self.dialect.skips_locked_rows(connection.dialect):
+                claimed = list(connection.execute(CLAIM_SENTINELS, {"c_ids": customers}).scalars())
+                if not claimed:
+                    connection.rollback()
+                    return set(), set(customers)
+            connection.execute(LOCK_SENTINELS, {"c_ids": claimed})
+            held = self._renew_rows(connection, leases, set(claimed), ttl)
+            connection.commit()
+            return held, set(customers).difference(claimed)
+
+        # The manager groups leases by home node (routing.py): the first
+        # customer's route is every customer's.
+        return self._tx.run("renewing leases", attempt, customer_id=customers[0], deadline=deadline)
+
+    @staticmethod
+    def _renew_rows(
+        connection: Connection,
+        leases: Sequence[tuple[int, str, int]],
+        customers: set[int],
+        ttl: float,
+    ) -> set[str]:
+        """Extend the leases of ``customers`` (whose sentinels this
+        transaction holds); return the ids still held."""
+        lease_ids = [lease_id for customer_id, lease_id, _ in leases if customer_id in customers]
+        expected = sum(rows for customer_id, _, rows in leases if customer_id in customers)
+        renewed = connection.execute(
+            RENEW, {"l_ids": lease_ids, "ttl_us": round(ttl * 1_000_000)}
+        ).rowcount
+        if renewed == expected:
+            return set(lease_ids)
+        # Some lease is gone: find out which.
+        return set(connection.execute(HELD, {"l_ids": lease_ids}).scalars())

@@ -1,0 +1,178 @@
+"""What pathlock does besides granting and releasing: listings for operators
+and the command line, operators' releases, and the reaper."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Delete, Select, select
+from sqlalchemy.exc import DBAPIError
+
+from pathlock._records import as_utc, lock_info, waiter_info
+from pathlock._statements import (
+    LEASE_CUSTOMER,
+    LOCK_COLUMNS,
+    NODE_CUSTOMERS,
+    REAP_LOCKS,
+    REAP_WAITERS,
+    RELEASE_NODE,
+    RELEASE_NODE_WAITERS,
+    WAITER_COLUMNS,
+    now,
+)
+from pathlock._transactions import Transactions
+from pathlock.schema import path_lock_waiters, path_locks, version_table
+from pathlock.types import LockInfo, WaiterInfo
+
+
+class Upkeep:
+    """Listings, operators' releases and the reaper, run through
+    ``transactions`` (the same nodes, retries and settings as the grants)."""
+
+    def __init__(self, transactions: Transactions) -> None:
+        self._tx = transactions
+
+    def list_locks(self, customer_id: int | None, *, include_expired: bool) -> list[LockInfo]:
+        """Rows of one customer (or all), by customer and path."""
+        query = select(*LOCK_COLUMNS).order_by(
+            path_locks.c.customer_id, path_locks.c.path, path_locks.c.lease_id
+        )
+        if customer_id is not None:
+            query = query.where(path_locks.c.customer_id == customer_id)
+        if not include_expired:
+            query = query.where(path_locks.c.expires_at > now())
+
+        def attempt(connection: Connection, _number: int) -> list[LockInfo]:
+            rows = connection.execute(query).all()
+            connection.rollback()
+            return [lock_info(row) for row in rows]
+
+        return self._tx.run("listing locks", attempt, read_only=True, customer_id=customer_id)
+
+    def database_time(self) -> datetime:
+        """The database's clock, in UTC: the clock every expiry is judged by."""
+
+        def attempt(connection: Connection, _number: int) -> datetime:
+            value = connection.execute(select(now())).scalar_one()
+            connection.rollback()
+            return as_utc(value)
+
+        return self._tx.run("reading the database's clock", attempt, read_only=True)
+
+    def list_waiters(self, customer_id: int | None) -> list[WaiterInfo]:
+        """Queued requests of one customer (or all), oldest ticket first."""
+        query = select(*WAITER_COLUMNS).order_by(
+            path_lock_waiters.c.customer_id, path_lock_waiters.c.ticket
+        )
+        if customer_id is not None:
+            query = query.where(path_lock_waiters.c.customer_id == customer_id)
+        query = query.where(path_lock_waiters.c.expires_at > now())
+
+        def attempt(connection: Connection, _number: int) -> list[WaiterInfo]:
+            rows = connection.execute(query).all()
+            connection.rollback()
+            return [waiter_info(row) for row in rows]
+
+        return self._tx.run("listing waiters", attempt, read_only=True, customer_id=customer_id)
+
+    # -- operators and the reaper ------------------------------------------------
+
+    def recorded_revision(self, seconds: float) -> tuple[bool, str | None]:
+        """Whether a node answered within ``seconds``, and the revision of
+        pathlock's tables it records (``None``: none, or no version table)."""
+
+        def attempt(connection: Connection, _number: int) -> str | None:
+            try:
+                revision = connection.execute(select(version_table.c.version_num)).scalar()
+            except DBAPIError as error:
+                if not self._tx.dialect.is_missing_table(error):
+                    raise
+                revision = None
+            connection.rollback()
+            return revision
+
+        return self._tx.once(attempt, seconds=seconds)
+
+    def lease_customer(self, lease_id: str) -> int | None:
+        """The customer whose rows carry ``lease_id``, or ``None``."""
+
+        def attempt(connection: Connection, _number: int) -> int | None:
+            customer_id = connection.execute(LEASE_CUSTOMER, {"l_id": lease_id}).scalar()
+            connection.rollback()
+            return None if customer_id is None else int(customer_id)
+
+        return self._tx.run("looking up a lease", attempt, read_only=True)
+
+    def release_node(self, node_id: str) -> dict[int, int]:
+        """Delete every lock and waiter row of ``node_id``, one customer per
+        transaction (each writes its sentinel, like any release); return the
+        number of lock rows deleted per customer touched."""
+
+        def customers(connection: Connection, _number: int) -> list[int]:
+            found = connection.execute(NODE_CUSTOMERS, {"o_node": node_id}).scalars().all()
+            connection.rollback()
+            return sorted(int(customer_id) for customer_id in found)
+
+        return {
+            customer_id: self._tx.run(
+                "releasing a node's locks",
+                functools.partial(self._release_node_of, customer_id, node_id),
+                customer_id=customer_id,
+            )
+            for customer_id in self._tx.run("finding a node's locks", customers, read_only=True)
+        }
+
+    def _release_node_of(
+        self, customer_id: int, node_id: str, connection: Connection, _number: int
+    ) -> int:
+        self._tx.bump(connection, customer_id)
+        parameters = {"c_id": customer_id, "o_node": node_id}
+        deleted = connection.execute(RELEASE_NODE, parameters).rowcount
+        connection.execute(RELEASE_NODE_WAITERS, parameters)
+        connection.commit()
+        return deleted
+
+    def reap(self, batch_size: int, stop: Callable[[], bool]) -> tuple[int, int]:
+        """Delete the lock rows and waiter rows that had expired when the run
+        began, ``batch_size`` rows per transaction, until none are left or
+        ``stop()`` says so; return (locks, waiters) deleted.
+
+        No sentinel is written: an expired row already blocks nobody, so
+        deleting it changes no grant, and short batches never hold many row
+        locks at a time."""
+        cutoff = self.database_time().replace(tzinfo=None)  # DATETIME columns are naive UTC
+        return (
+            self._reap_table("reaping expired locks", REAP_LOCKS, batch_size, cutoff, stop),
+            self._reap_table("reaping dead waiters", REAP_WAITERS, batch_size, cutoff, stop),
+        )
+
+    def _reap_table(
+        self,
+        action: str,
+        statements: tuple[Select[Any], Delete],
+        batch_size: int,
+        cutoff: datetime,
+        stop: Callable[[], bool],
+    ) -> int:
+        pick, remove = statements
+        parameters = {"batch": batch_size, "cutoff": cutoff}
+
+        def batch(connection: Connection, _number: int) -> tuple[int, int]:
+            ids = sorted(connection.execute(pick, parameters).scalars())
+            if not ids:
+                connection.rollback()
+                return 0, 0
+            deleted = connection.execute(remove, {"ids": ids}).rowcount
+            connection.commit()
+            return len(ids), deleted
+
+        total = 0
+        while not stop():
+            picked, deleted = self._tx.run(action, batch)
+            total += deleted
+            if picked < batch_size:
+                break
+        return total

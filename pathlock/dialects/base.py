@@ -1,0 +1,233 @@
+"""The interface every database family implements, and the SQL constructs
+whose spelling differs between them (each family's module compiles them)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import URL, BigInteger, Connection, DateTime, Engine, create_engine
+from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
+from sqlalchemy.exc import CompileError, DBAPIError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeEngine
+
+from pathlock.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from pathlock.settings import Settings
+
+ISOLATION_LEVEL = "READ COMMITTED"
+"""The conflict check is only sound under READ COMMITTED (see the README's
+"How it works"): every transaction of pathlock runs in it."""
+
+READ_ONLY = "pathlock_read_only"
+"""Execution option of a connection whose transaction only reads."""
+
+
+class Now(FunctionElement[datetime]):
+    """The database's current UTC time, to the microsecond."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+class NowPlus(FunctionElement[datetime]):
+    """The database's current UTC time plus a number of microseconds."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+class Fenced(FunctionElement[int]):
+    """An expression whose value an UPDATE hands back to the client, where
+    the database can (the sentinel's new version: the fencing token)."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(Now)
+@compiles(NowPlus)
+@compiles(Fenced)
+def _unspelled(element: FunctionElement[Any], compiler: Any, **_kw: Any) -> str:
+    # Each family spells these for its own dialect names; any other database
+    # has no spelling, rather than MySQL's by default.
+    raise CompileError(
+        f"pathlock has no SQL for {type(element).__name__} on {compiler.dialect.name}: "
+        "its dialect module must compile it (see docs/EXTENDING.md)"
+    )
+
+
+class Dialect:
+    """What pathlock needs to know about one family of databases. One
+    instance per family serves every engine of it (it keeps no state).
+
+    The SQL constructs above are compiled by each family's module (with
+    SQLAlchemy's ``@compiles``), so statements are written once."""
+
+    names: ClassVar[tuple[str, ...]]
+    """SQLAlchemy's dialect names of the family (``engine.dialect.name``)."""
+
+    token_from_reply: ClassVar[bool]
+    """Whether the sentinel write's reply carries the new version
+    (``cursor.lastrowid``), or a SELECT must read it."""
+
+    insert_if_absent: ClassVar[str]
+    """The INSERT prefix that skips a row whose key exists already."""
+
+    several_nodes: ClassVar[bool] = False
+    """Whether several databases may be the nodes of one cluster."""
+
+    table_options: ClassVar[dict[str, Any]] = {}
+    """Keyword arguments of every pathlock table (``Table(..., **options)``),
+    prefixed with the family's dialect names as SQLAlchemy wants them: the
+    storage engine, the character set and the collation that makes paths
+    compare byte for byte."""
+
+    path_index_options: ClassVar[dict[str, Any]] = {}
+    """Keyword arguments of the ``(customer_id, path)`` index: where index
+    keys are limited, the length of the path prefix it holds."""
+
+    upgrades_on_open: ClassVar[bool] = False
+    """Whether pathlock brings the tables up to date itself when it opens the
+    database (an embedded file of one host), rather than a DBA running the
+    migrations (and the manager checking their revision)."""
+
+    index_hint: ClassVar[str | None] = None
+    """How a query names the index it must use (``{index}`` stands for its
+    name), where the planner may otherwise scan: the conflict query's
+    lookups by computed values are costed from statistics that may be stale."""
+
+    never_reused_options: ClassVar[dict[str, Any]] = {}
+    """Keyword arguments of a table whose auto-incremented key must never be
+    handed out twice, even after the newest row was deleted (the queue's
+    tickets)."""
+
+    column_types: ClassVar[dict[str, TypeEngine[Any]]] = {}
+    """The family's own type for a kind of column, where the portable one
+    does not do: ``"id"`` (a BIGINT key that auto-increments),
+    ``"timestamp"`` (microseconds) and ``"long_text"`` (a waiter's paths, up
+    to 100,000 characters and more)."""
+
+    async_driver: ClassVar[str | None] = None
+    """The asyncio driver the asyncio API (:class:`AsyncPathLockManager`) uses
+    for this family: a URL naming another driver is read with this one."""
+
+    def async_url(self, url: URL) -> URL:
+        """``url`` with the family's asyncio driver (``mysql+pymysql://`` ->
+        ``mysql+asyncmy://``); a URL that names an asyncio driver already is
+        returned."""
+        driver = self.async_driver
+        if driver is None:
+            raise InvalidArgument(f"pathlock has no asyncio driver for {url.get_backend_name()}")
+        if url.get_driver_name() in ASYNC_DRIVERS:
+            return url  # an asyncio driver the caller chose (aiomysql, say)
+        return url.set(drivername=f"{url.get_backend_name()}+{driver}")
+
+    def skips_locked_rows(self, dialect: SQLAlchemyDialect) -> bool:  # noqa: ARG002
+        """Whether the connected server knows ``FOR UPDATE SKIP LOCKED``."""
+        return False
+
+    def server_version(self, connection: Connection) -> str:
+        """The server's name and version, for people (``pathlock info``)."""
+        raise NotImplementedError
+
+    def open_engine(self, url: URL, engine_options: dict[str, Any], settings: Settings) -> Engine:
+        """An engine pathlock creates (and later disposes) for ``url``, set
+        up as pathlock needs it; ``engine_options`` are the caller's extra
+        ``create_engine`` arguments."""
+        raise NotImplementedError
+
+    def adopt(self, engine: Engine, settings: Settings) -> tuple[Engine, bool]:  # noqa: ARG002
+        """The engine to use for a caller's ``engine``, and whether pathlock
+        created it. By default the caller's own, in READ COMMITTED: an engine
+        created with that level sets it once per connection; any other gets
+        it per checkout, which costs a round trip or two."""
+        if getattr(engine.dialect, "_on_connect_isolation_level", None) == ISOLATION_LEVEL:
+            return engine, False
+        return engine.execution_options(isolation_level=ISOLATION_LEVEL), False
+
+    def before_transaction(self, connection: Connection, ends: float) -> None:
+        """Called before each transaction's first statement, with the
+        monotonic time by which the call must end."""
+
+    @staticmethod
+    def error_code(error: DBAPIError) -> int | None:
+        """The driver's numeric error code, if it has one."""
+        args = getattr(error.orig, "args", ())
+        if args and isinstance(args[0], int):
+            return args[0]
+        return None
+
+    def is_transient(self, error: DBAPIError) -> bool:
+        """Worth another try: the transaction was rolled back (a deadlock, a
+        lock-wait timeout, a lost connection), or its outcome is checked."""
+        return bool(error.connection_invalidated)
+
+    def is_lost_race(self, error: DBAPIError) -> bool:  # noqa: ARG002 - a family may need it
+        """Lost a race with another transaction of the same customer:
+        retried for as long as the caller may wait, not a number of times."""
+        return False
+
+    def is_node_failure(self, error: DBAPIError) -> bool:  # noqa: ARG002
+        """The node is gone, restarting or cannot serve: a manager with
+        several nodes moves on to the next."""
+        return False
+
+    def is_missing_table(self, error: DBAPIError) -> bool:
+        """pathlock's tables are not there (no migration ran)."""
+        return "no such table" in str(error.orig)
+
+    def is_timeout(self, error: DBAPIError) -> bool:  # noqa: ARG002
+        """The driver gave up waiting for the server's reply (a socket
+        timeout): a hung node, or a statement waiting for a row lock. With
+        several nodes, the node is asked whether it is alive (:meth:`ping`)
+        before it is passed over."""
+        return False
+
+    def is_duplicate(self, error: DBAPIError) -> bool:
+        """The table, or the row, exists already: another process created it
+        first (``create_schema()`` from many processes at once)."""
+        message = str(error.orig)
+        return "already exists" in message or "UNIQUE constraint failed" in message
+
+    def ping(self, connection: Connection) -> None:
+        """The cheapest statement the server must answer (whether a node that
+        timed out is alive)."""
+        connection.exec_driver_sql("SELECT 1")
+
+    def enable_batches(self, engine: Engine) -> None:
+        """Let connections of ``engine`` (one pathlock created) take several
+        statements per round trip, where the driver can."""
+
+    def can_batch(self, connection: Connection) -> bool:  # noqa: ARG002
+        """Whether ``connection`` takes several statements per round trip."""
+        return False
+
+    @property
+    def batches(self) -> bool:
+        """Whether engines of this family that pathlock creates batch."""
+        return False
+
+
+ASYNC_DRIVERS = frozenset({"asyncmy", "aiomysql", "aiosqlite"})
+"""Drivers that speak asyncio: their engines serve the asyncio API only."""
+
+
+def is_async(engine: Engine) -> bool:
+    """Whether ``engine`` talks to its database through an asyncio driver
+    (the synchronous face of an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`)."""
+    return bool(getattr(engine.dialect, "is_async", False))
+
+
+def new_engine(url: URL, **options: Any) -> Engine:
+    """``create_engine(url, **options)``; for an asyncio driver, the
+    synchronous face of a new :class:`~sqlalchemy.ext.asyncio.AsyncEngine`,
+    which pathlock's code runs inside greenlets (see :mod:`pathlock._aio`)."""
+    if url.get_driver_name() in ASYNC_DRIVERS:
+        from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415 - greenlet
+
+        return create_async_engine(url, **options).sync_engine
+    return create_engine(url, **options)

@@ -1,0 +1,291 @@
+"""MySQL and MariaDB, Galera clusters included, over PyMySQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import URL, Connection, Engine, event
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateTable
+from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
+from sqlalchemy.types import TypeEngine
+
+from pathlock import _batch as batch
+from pathlock import _deadlines as deadlines
+from pathlock import _interrupts as interrupts
+from pathlock.dialects.base import ISOLATION_LEVEL, Dialect, Fenced, Now, NowPlus, new_engine
+from pathlock.errors import BackendError
+
+if TYPE_CHECKING:
+    from pathlock.settings import Settings
+
+# Error codes after which the same attempt can simply run again: the failed
+# transaction was rolled back (or its outcome is checked, see try_grant).
+TRANSIENT_ERRORS = frozenset(
+    {
+        1205,  # lock wait timeout
+        1213,  # deadlock (and a cluster's certification failure)
+        1047,  # a cluster node outside the primary component (Galera)
+        1053,  # server shutdown in progress
+        1180,  # error during COMMIT (a Galera node that lost the primary component)
+        1927,  # connection killed (MariaDB)
+        2003,  # cannot connect (server restarting)
+        2006,  # server has gone away
+        2013,  # lost connection during query
+        2014,  # commands out of sync (a broken connection)
+        4031,  # disconnected by the server for inactivity (MySQL 8)
+    }
+)
+
+# Errors that say the node is gone or cannot serve (as opposed to the
+# transaction having lost a race): a manager with several nodes moves on.
+NODE_FAILURES = frozenset({1047, 1053, 1180, 2003, 2006, 2013, 2014, 4031})
+
+# A lost race with another transaction of the same customer: on one server a
+# deadlock, on a cluster mostly a certification failure.
+CONTENTION = 1213
+
+_NO_SUCH_TABLE = 1146
+_TABLE_EXISTS = 1050
+_DUPLICATE_ENTRY = 1062
+
+_NOW = "UTC_TIMESTAMP(6)"
+
+# Paths compare byte for byte: a case- or accent-insensitive collation would make
+# /Shared/A and /Shared/a (or café and cafe) one lock. Normalization (NFC, optional
+# case folding) happens in Python, where it is explicit.
+PAD_SPACE_COLLATION = "utf8mb4_bin"
+
+# InnoDB index keys are limited to 3072 bytes: 700 utf8mb4 characters plus the
+# customer id fit. Longer paths are still found exactly (the server compares the
+# full column after the index narrows the range); they only share index entries.
+PATH_INDEX_PREFIX = 700
+
+
+_NAMES = ("mysql", "mariadb")
+
+
+def _both(**options: Any) -> dict[str, Any]:
+    """``options`` for both dialect names: SQLAlchemy's "mariadb" dialect (a
+    mariadb+pymysql:// URL) reads only mariadb_* options, "mysql" only mysql_*."""
+    return {f"{name}_{key}": value for name in _NAMES for key, value in options.items()}
+
+
+def no_pad_collation(dialect: SQLAlchemyDialect) -> str:
+    """The binary collation that also compares trailing spaces. utf8mb4_bin,
+    the one every version knows, is PAD SPACE: it finds '/a ' equal to '/a'
+    (a spurious conflict). MariaDB (10.2+) has utf8mb4_nopad_bin and MySQL 8
+    utf8mb4_0900_bin; MySQL 5.7 has none, and keeps utf8mb4_bin. Without a
+    server to ask (offline SQL from a mysql:// URL), MySQL 8 is assumed."""
+    if getattr(dialect, "is_mariadb", False):
+        return "utf8mb4_nopad_bin"
+    version = getattr(dialect, "server_version_info", None)
+    if version is None or version >= (8,):
+        return "utf8mb4_0900_bin"
+    return PAD_SPACE_COLLATION
+
+
+@compiles(CreateTable, "mysql")
+@compiles(CreateTable, "mariadb")
+def _create_table(element: CreateTable, compiler: DDLCompiler, **kw: Any) -> str:
+    # pathlock's own tables only (their metadata says so): the table option
+    # stands for the server's NO PAD binary collation. Other tables of the
+    # application pass through untouched.
+    text: str = compiler.visit_create_table(element, **kw)  # type: ignore[no-untyped-call]
+    if element.element.metadata.info.get("pathlock"):
+        collation = no_pad_collation(compiler.dialect)
+        text = text.replace(f"COLLATE {PAD_SPACE_COLLATION}", f"COLLATE {collation}")
+    return text
+
+
+class MySQL(Dialect):
+    names = _NAMES
+    token_from_reply = True
+    insert_if_absent = "IGNORE"
+    async_driver = "asyncmy"
+    several_nodes = True
+    index_hint = "FORCE INDEX ({index})"
+    table_options: ClassVar[dict[str, Any]] = _both(
+        engine="InnoDB", charset="utf8mb4", collate=PAD_SPACE_COLLATION
+    )
+    path_index_options: ClassVar[dict[str, Any]] = _both(length={"path": PATH_INDEX_PREFIX})
+    column_types: ClassVar[dict[str, TypeEngine[Any]]] = {
+        "timestamp": mysql.DATETIME(fsp=6),
+        "long_text": mysql.MEDIUMTEXT(),
+    }
+
+    def skips_locked_rows(self, dialect: SQLAlchemyDialect) -> bool:
+        # MariaDB 10.6 and MySQL 8.0.1 and later.
+        version = dialect.server_version_info or ()
+        if getattr(dialect, "is_mariadb", False):
+            return version >= (10, 6)
+        return version >= (8, 0, 1)
+
+    def server_version(self, connection: Connection) -> str:
+        version = str(connection.exec_driver_sql("SELECT VERSION()").scalar())
+        name = "MariaDB" if "mariadb" in version.lower() else "MySQL"
+        return f"{name} {version}"
+
+    def open_engine(self, url: URL, engine_options: dict[str, Any], settings: Settings) -> Engine:
+        # No rollback when a connection goes back to the pool: every operation
+        # of the store ends its transaction itself (commit or rollback), and a
+        # Connection closed in the middle of one rolls it back before the pool
+        # sees it. The pool's own "reset" would be one more round trip per
+        # operation: a quarter of an uncontended acquire + release.
+        options: dict[str, Any] = {
+            "pool_recycle": 3600,
+            "pool_reset_on_return": None,
+            **engine_options,
+        }
+        options["isolation_level"] = ISOLATION_LEVEL
+        # A server (or the network path to it) that hangs would otherwise hang
+        # every call into it for good, where a lost connection fails over to
+        # the next node or is retried. The caller's connect_args win.
+        timeouts: dict[str, Any] = {}
+        if url.get_driver_name() in ("pymysql", "mysqldb", ""):
+            timeouts = {
+                "read_timeout": settings.socket_timeout,
+                "write_timeout": settings.socket_timeout,
+            }
+        # (asyncio drivers: every attempt runs under an asyncio timeout instead.)
+        options["connect_args"] = {**timeouts, **options.get("connect_args", {})}
+        try:
+            engine = new_engine(url, **options)
+        except ImportError as error:
+            raise BackendError("creating the database engine", error, _driver_hint(url)) from error
+        except (SQLAlchemyError, ValueError) as error:
+            raise BackendError("creating the database engine", error) from error
+        self.enable_batches(engine)
+        if engine.dialect.driver == "pymysql":
+            # After enable_batches' listener, which adds a connection flag.
+            event.listen(engine, "do_connect", _bounded_connect)
+        event.listen(engine, "connect", _session_settings(settings.lock_wait_timeout))
+        return engine
+
+    def is_transient(self, error: DBAPIError) -> bool:
+        return super().is_transient(error) or self.error_code(error) in TRANSIENT_ERRORS
+
+    def is_lost_race(self, error: DBAPIError) -> bool:
+        return self.error_code(error) == CONTENTION
+
+    def is_node_failure(self, error: DBAPIError) -> bool:
+        return self.error_code(error) in NODE_FAILURES
+
+    def is_missing_table(self, error: DBAPIError) -> bool:
+        return self.error_code(error) == _NO_SUCH_TABLE or super().is_missing_table(error)
+
+    def is_timeout(self, error: DBAPIError) -> bool:
+        # PyMySQL says "timed out" in the lost-connection error of a socket timeout.
+        return "timed out" in str(error.orig)
+
+    def is_duplicate(self, error: DBAPIError) -> bool:
+        return self.error_code(error) in (_TABLE_EXISTS, _DUPLICATE_ENTRY)
+
+    def ping(self, connection: Connection) -> None:
+        # Not SELECT 1: on a Galera node with causal reads (wsrep_sync_wait,
+        # which pathlock's sessions have), every SELECT first waits until the
+        # node has applied everything the cluster committed before it: the
+        # ping would measure replication lag, and a busy but healthy node
+        # could fail it. DO is no read.
+        connection.exec_driver_sql("DO 1")
+
+    def enable_batches(self, engine: Engine) -> None:
+        batch.allow_batches(engine)
+
+    def can_batch(self, connection: Connection) -> bool:
+        return batch.supports_batches(connection)
+
+    @property
+    def batches(self) -> bool:
+        return True
+
+
+def _driver_hint(url: URL) -> str:
+    """What to write instead of a URL whose driver is not installed."""
+    if url.get_driver_name() == "asyncmy":
+        return "the asyncio API needs asyncmy: pip install 'pathlock[async]'"
+    if url.get_backend_name() in ("mysql", "mariadb") and url.get_driver_name() != "pymysql":
+        return (
+            f"pathlock talks to MySQL and MariaDB through PyMySQL: write "
+            f"{url.get_backend_name()}+pymysql://... instead of {url.drivername}://..."
+        )
+    return ""
+
+
+# Which statements of a session wait for causality on a Galera node
+# (wsrep_sync_wait bits): 1 reads (the queue watch, listings), 2 UPDATE and
+# DELETE (the sentinel write that starts every grant and release, so the
+# conflict check reads everything the cluster committed before it). Without
+# it, a grant right after a release through another node may lose a
+# certification race or see the released rows; never unsafe, but slower.
+WSREP_SYNC_WAIT = 3
+
+
+def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:
+    # Connections whose socket waits end with their caller's time (deadlines.py).
+    # A wait on the network: a Ctrl-C may end it (interrupts.py).
+    with interrupts.let_through():
+        return deadlines.BoundedConnection(*cargs, **cparams)
+
+
+def _session_settings(lock_wait_timeout: int) -> Callable[[Any, object], None]:
+    """The ``connect`` listener of engines pathlock creates on MySQL/MariaDB.
+
+    Causal reads only where the server is a Galera node with causality checks
+    off (a value set by the operator, globally or in init_command, is kept);
+    MySQL has no such variables. The lock wait is only ever lowered. One SHOW
+    for both, and one SET if anything needs changing, once per connection:
+    nothing per operation."""
+
+    def on_connect(dbapi_connection: Any, _record: object) -> None:
+        with interrupts.let_through():  # round trips: a Ctrl-C may end them
+            _apply_session_settings(dbapi_connection, lock_wait_timeout)
+
+    return on_connect
+
+
+def _apply_session_settings(dbapi_connection: Any, lock_wait_timeout: int) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(
+            "SHOW SESSION VARIABLES WHERE Variable_name IN "
+            "('wsrep_on', 'wsrep_sync_wait', 'innodb_lock_wait_timeout')"
+        )
+        values = {str(name).lower(): str(value) for name, value in cursor.fetchall()}
+        settings = []
+        if values.get("wsrep_on", "").upper() == "ON" and values.get("wsrep_sync_wait") == "0":
+            settings.append(f"wsrep_sync_wait = {WSREP_SYNC_WAIT}")
+        lock_wait = values.get("innodb_lock_wait_timeout", "")
+        if lock_wait.isdigit() and int(lock_wait) > lock_wait_timeout:
+            settings.append(f"innodb_lock_wait_timeout = {lock_wait_timeout}")
+        if settings:
+            cursor.execute("SET SESSION " + ", ".join(settings))
+    finally:
+        cursor.close()
+
+
+# The default spelling (any dialect but SQLite's) is MySQL's.
+
+
+@compiles(Now, "mysql")
+@compiles(Now, "mariadb")
+def _now(_element: Now, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return _NOW
+
+
+@compiles(NowPlus, "mysql")
+@compiles(NowPlus, "mariadb")
+def _now_plus(element: NowPlus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"TIMESTAMPADD(MICROSECOND, {compiler.process(element.clauses, **kw)}, {_NOW})"
+
+
+@compiles(Fenced, "mysql")
+@compiles(Fenced, "mariadb")
+def _fenced(element: Fenced, compiler: SQLCompiler, **kw: Any) -> str:
+    # LAST_INSERT_ID(expr) returns the value in the statement's own reply
+    # (cursor.lastrowid), saving a SELECT on the hot path.
+    return f"LAST_INSERT_ID({compiler.process(element.clauses, **kw)})"

@@ -1,0 +1,385 @@
+"""What only the asyncio API has: tasks as owners on one loop, a loop that is
+never blocked, cancellation at any point that leaves nothing behind, the
+drivers chosen from the URL, coroutine ``on_lost`` callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from pathlock import (
+    ArgumentTypeError,
+    AsyncLease,
+    AsyncPathLockManager,
+    InvalidArgument,
+    LockTimeout,
+    ManagerClosed,
+    PathLockManager,
+    SchemaMismatch,
+    Settings,
+)
+from pathlock.dialects.base import is_async
+from tests.conftest import MYSQL_URL
+from tests.integration.apis import HANG
+
+pytestmark = pytest.mark.timeout(180)
+
+T = TypeVar("T")
+
+
+def run(main: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(asyncio.wait_for(main(), HANG * 2))  # type: ignore[arg-type]
+
+
+def _rows(engine: Engine, customer_id: int) -> tuple[int, int]:
+    """(lock rows, waiter rows) of the customer, expired ones included."""
+    with engine.connect() as connection:
+        locks = connection.execute(
+            text("SELECT COUNT(*) FROM path_locks WHERE customer_id = :c"), {"c": customer_id}
+        ).scalar()
+        waiters = connection.execute(
+            text("SELECT COUNT(*) FROM path_lock_waiters WHERE customer_id = :c"),
+            {"c": customer_id},
+        ).scalar()
+    return int(locks or 0), int(waiters or 0)
+
+
+def _manager(url: str, **options: Any) -> AsyncPathLockManager:
+    options.setdefault("node_id", "test-async")
+    return AsyncPathLockManager(url, **options)
+
+
+def test_tasks_of_one_loop_wait_for_each_other(database_url: str, customer_id: int) -> None:
+    async def main() -> None:
+        async with _manager(database_url) as manager:
+            locks = manager.for_customer(customer_id)
+            first = await locks.lock_paths("/a")
+
+            async def second() -> AsyncLease:
+                return await locks.lock_paths("/a/b", timeout=HANG)
+
+            waiting = asyncio.create_task(second())
+            await asyncio.sleep(0.2)
+            assert not waiting.done()  # waiting, not DeadlockDetected
+            await first.release()
+            lease = await waiting
+            assert lease.owner.key != first.owner.key
+            # A task's release_locks() is its own: this task holds nothing now.
+            assert await locks.release_locks() == 0
+            await lease.release()
+
+    run(main)
+
+
+def test_the_loop_runs_while_a_task_waits(database_url: str, customer_id: int) -> None:
+    async def main() -> None:
+        async with _manager(database_url) as manager:
+            locks = manager.for_customer(customer_id)
+            holder = await locks.lock_paths("/a")
+            ticks = 0
+            stop = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not stop.is_set():
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticking = asyncio.create_task(ticker())
+
+            async def waiter() -> None:
+                with contextlib.suppress(TimeoutError):
+                    await locks.lock_paths("/a/b", timeout=1.0)
+
+            await asyncio.create_task(waiter())  # another task: another owner
+            stop.set()
+            await ticking
+            # A loop blocked for the whole wait would have ticked about once.
+            assert ticks >= 20, ticks
+            await holder.release()
+
+    run(main)
+
+
+def test_a_task_cancelled_while_it_waits_leaves_the_queue(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    async def main() -> None:
+        async with _manager(database_url) as manager:
+            locks = manager.for_customer(customer_id)
+            holder = await locks.lock_paths("/a")
+            waiting = asyncio.create_task(_lock(locks, "/a/b"))
+            while not await manager.list_waiters(customer_id):
+                await asyncio.sleep(0.01)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            # Gone before the cancellation reached the caller.
+            assert await manager.list_waiters(customer_id) == []
+            assert _rows(raw_engine, customer_id) == (1, 0)
+            await holder.release()
+
+    run(main)
+
+
+async def _lock(locks: Any, *paths: str, **options: Any) -> AsyncLease:
+    lease: AsyncLease = await locks.lock_paths(*paths, **options)
+    return lease
+
+
+def test_asyncio_timeout_works_like_timeout(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    async def main() -> None:
+        async with _manager(database_url) as manager:
+            locks = manager.for_customer(customer_id)
+            holder = await locks.lock_paths("/a")
+
+            async def wait() -> None:  # another task: another owner
+                async with asyncio.timeout(0.3):
+                    await locks.lock_paths("/a/b")
+
+            with pytest.raises(TimeoutError):
+                await asyncio.create_task(wait())
+            assert await manager.list_waiters(customer_id) == []
+            assert _rows(raw_engine, customer_id) == (1, 0)
+            await holder.release()
+
+    run(main)
+
+
+@pytest.mark.parametrize("steps", range(0, 60, 3))
+def test_a_request_cancelled_at_any_step_leaves_nothing_behind(
+    database_url: str, customer_id: int, raw_engine: Engine, steps: int
+) -> None:
+    """Cancel a request that would be granted after ``steps`` passes of the
+    loop: in its attempt, its COMMIT, its registration, or after it. No row
+    may outlive it, and the path is free at once for someone else."""
+
+    async def main() -> None:
+        async with _manager(database_url) as manager:
+            locks = manager.for_customer(customer_id)
+            request = asyncio.create_task(_lock(locks, "/a", "/b", shared=["/c"]))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            request.cancel()
+            try:
+                lease = await request
+            except asyncio.CancelledError:
+                pass
+            else:  # granted before the cancellation came: an ordinary lease
+                await lease.release()
+            assert _rows(raw_engine, customer_id) == (0, 0)
+
+            async def other() -> AsyncLease | None:
+                return await locks.try_lock_paths("/")
+
+            lease = await asyncio.create_task(other())
+            assert lease is not None
+            await lease.release()
+
+    run(main)
+
+
+def test_a_cancelled_release_still_releases(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    async def main() -> None:
+        async with _manager(database_url) as manager:
+            locks = manager.for_customer(customer_id)
+            for steps in range(0, 12, 2):
+                lease = await locks.lock_paths("/a")
+                releasing = asyncio.create_task(lease.release())
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                releasing.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await releasing
+                deadline = time.monotonic() + HANG
+                while _rows(raw_engine, customer_id) != (0, 0):
+                    assert time.monotonic() < deadline, "the manager did not finish the release"
+                    await asyncio.sleep(0.01)
+
+    run(main)
+
+
+def test_a_coroutine_on_lost_callback_is_awaited_on_the_loop(
+    database_url: str, customer_id: int
+) -> None:
+    async def main() -> None:
+        lost: asyncio.Queue[tuple[AsyncLease, asyncio.AbstractEventLoop]] = asyncio.Queue()
+
+        async def on_lost(lease: AsyncLease) -> None:
+            await lost.put((lease, asyncio.get_running_loop()))
+
+        async with _manager(database_url, ttl=1.5, on_lost=on_lost) as manager:
+            locks = manager.for_customer(customer_id)
+            lease = await locks.lock_paths("/a")
+            assert await manager.release_lease(lease.lease_id, requested_by="test") == 1
+            told, loop = await asyncio.wait_for(lost.get(), HANG)
+            assert told is lease
+            assert loop is asyncio.get_running_loop()
+            assert lease.lost
+
+    run(main)
+
+
+def test_close_wakes_waiting_tasks(database_url: str, customer_id: int, raw_engine: Engine) -> None:
+    async def main() -> None:
+        manager = _manager(database_url)
+        locks = manager.for_customer(customer_id)
+        holder = await locks.lock_paths("/a")
+        waiting = asyncio.create_task(_lock(locks, "/a/b"))
+        while not await manager.list_waiters(customer_id):
+            await asyncio.sleep(0.01)
+        await manager.aclose()
+        with pytest.raises(ManagerClosed):
+            await waiting
+        assert holder.lost  # closed while held: the holder hears of it
+        assert _rows(raw_engine, customer_id) == (0, 0)
+        with pytest.raises(ManagerClosed):
+            manager.for_customer(customer_id)
+        await manager.aclose()  # idempotent
+
+    run(main)
+
+
+def test_the_urls_of_both_apis(database_url: str, customer_id: int) -> None:
+    async def main() -> None:
+        url = make_url(database_url)
+        family = url.get_backend_name()
+        async with _manager(database_url) as manager:
+            engine = manager._core.engine
+            assert is_async(engine)
+            assert engine.dialect.driver == ("asyncmy" if family == "mysql" else "aiosqlite")
+        # The asyncio driver's own spelling is taken as it is.
+        own = url.set(drivername=engine.url.drivername)
+        async with _manager(own) as manager:
+            assert (await manager.for_customer(customer_id).try_lock_paths("/x")) is not None
+
+    run(main)
+    with pytest.raises(InvalidArgument, match="AsyncPathLockManager"):
+        PathLockManager(make_url(database_url).set(drivername=_async_driver(database_url)))
+    sync_engine = create_engine(database_url)
+    try:
+        with pytest.raises(ArgumentTypeError, match="AsyncEngine"):
+            AsyncPathLockManager(sync_engine)
+    finally:
+        sync_engine.dispose()
+
+
+def _async_driver(url: str) -> str:
+    backend = make_url(url).get_backend_name()
+    return "mysql+asyncmy" if backend == "mysql" else "sqlite+aiosqlite"
+
+
+def test_an_async_engine_passed_in(database_url: str, customer_id: int) -> None:
+    async def main() -> None:
+        engine = create_async_engine(
+            make_url(database_url).set(drivername=_async_driver(database_url))
+        )
+        try:
+            async with _manager(engine) as manager:
+                lease = await manager.for_customer(customer_id).lock_paths("/a")
+                await lease.release()
+        finally:
+            await engine.dispose()
+
+    run(main)
+
+
+def test_a_manager_belongs_to_one_loop(database_url: str, customer_id: int) -> None:
+    home = asyncio.new_event_loop()
+    thread = threading.Thread(target=home.run_forever, daemon=True)
+    thread.start()
+    manager = _manager(database_url)
+
+    def on_home(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, home).result(HANG)
+
+    async def use() -> None:
+        await manager.list_locks(customer_id)
+
+    try:
+        on_home(use())
+        with pytest.raises(InvalidArgument, match="another event loop"):
+            run(use)
+    finally:
+        on_home(manager.aclose())
+        home.call_soon_threadsafe(home.stop)
+        thread.join(HANG)
+        home.close()
+
+
+def test_a_node_that_refuses_is_passed_over(mariadb_url: str, customer_id: int) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    refused = make_url(mariadb_url).set(port=port).render_as_string(hide_password=False)
+
+    async def main() -> None:
+        async with _manager([refused, mariadb_url]) as manager:
+            lease = await manager.for_customer(customer_id).lock_paths("/a", timeout=HANG)
+            await lease.release()
+
+    run(main)
+
+
+def test_a_server_that_never_answers_costs_a_request_its_timeout(customer_id: int) -> None:
+    """A TCP peer that accepts and then says nothing: the asyncio timeout of
+    each attempt ends the wait, as the socket timeouts do for PyMySQL."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        url = f"mysql+pymysql://root@127.0.0.1:{port}/test"
+
+        async def main() -> None:
+            settings = Settings(schema_check_time=0.5)
+            async with _manager(url, settings=settings) as manager:
+                locks = manager.for_customer(customer_id)
+                started = time.monotonic()
+                with pytest.raises(LockTimeout) as caught:
+                    await locks.lock_paths("/a", timeout=1.0)
+                took = time.monotonic() - started
+                assert caught.value.unanswered
+                assert took < 1.0 + manager.settings.grace + 1.0, took
+
+        run(main)
+
+
+def test_a_schema_at_another_revision_is_refused_on_entry(customer_id: int) -> None:
+    """Opening fails on the way in: the error is the synchronous API's, and
+    nothing of the manager stays open."""
+    server = create_engine(MYSQL_URL)
+    name = f"pathlock_async_{customer_id % 10**9}"
+    with server.begin() as connection:
+        connection.exec_driver_sql(f"CREATE DATABASE `{name}`")
+        connection.exec_driver_sql(
+            f"CREATE TABLE `{name}`.pathlock_alembic_version (version_num VARCHAR(32) PRIMARY KEY)"
+        )
+        connection.exec_driver_sql(f"INSERT INTO `{name}`.pathlock_alembic_version VALUES ('0002')")
+    url = make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False)
+    manager = _manager(url)
+
+    async def main() -> None:
+        with pytest.raises(SchemaMismatch):
+            async with manager:
+                pass
+
+    try:
+        run(main)
+        assert manager._core._close_done
+    finally:
+        with server.begin() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE `{name}`")
+        server.dispose()

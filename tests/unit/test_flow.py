@@ -1,0 +1,319 @@
+"""A lock request's decisions, driven step by step with a clock that stands
+still unless the test moves it: no database, no threads, no sleeping."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pathlock import (
+    ContentionTimeout,
+    DatabaseTimeout,
+    DeadlockDetected,
+    LockCancelled,
+    LockTimeout,
+    ManagerClosed,
+    Settings,
+)
+from pathlock._flow import (
+    AcquireFlow,
+    Attempt,
+    Behind,
+    Judge,
+    Place,
+    ReadVersion,
+    Refresh,
+    Result,
+    Sleep,
+    Step,
+    Stop,
+)
+from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook
+from pathlock.types import LockInfo, Owner, WaiterInfo
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+OWNER = Owner("node", 1, "t1", "key.t1")
+OTHER = Owner("node", 2, "t1", "other.t1")
+
+
+class StillClock:
+    """Moves only when told to."""
+
+    def __init__(self) -> None:
+        self.time = 1000.0
+
+    def now(self) -> float:
+        return self.time + 5000.0  # another timeline than monotonic's
+
+    def monotonic(self) -> float:
+        return self.time
+
+
+class Fixed:
+    """A wait policy of fixed sleeps, that counts its resets."""
+
+    def __init__(self, seconds: float = 0.01) -> None:
+        self.seconds = seconds
+        self.resets = 0
+
+    def next(self) -> float:
+        return self.seconds
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+REQUEST = GrantRequest(
+    customer_id=7,
+    lease_id="lease-1",
+    paths=(("/a", "exclusive"),),
+    owner=OWNER,
+    reason="",
+    ttl=30.0,
+)
+HOLDER = LockInfo(7, "/a", "exclusive", "lease-0", OTHER, "", 3, EPOCH, EPOCH)
+
+
+def waiter(ticket: int) -> WaiterInfo:
+    return WaiterInfo(
+        7, ticket, (("/a", "exclusive"),), f"lease-w{ticket}", OTHER, "", EPOCH, EPOCH
+    )
+
+
+def blocked(ticket: int | None, version: int, ahead: tuple[WaiterInfo, ...] = ()) -> Blocked:
+    return Blocked((HOLDER,), ahead, ticket, version)
+
+
+class Run:
+    """One flow and its generator, stepped by the test."""
+
+    def __init__(
+        self,
+        *,
+        blocking: bool = True,
+        wait_limit: float | None = 10.0,
+        settings: Settings | None = None,
+    ) -> None:
+        self.clock = StillClock()
+        self.delays = Fixed()
+        self.settings = Settings(clock=self.clock) if settings is None else settings
+        self.flow = AcquireFlow(
+            REQUEST, self.settings, self.delays, blocking=blocking, wait_limit=wait_limit
+        )
+        self.steps: Generator[Step, Any, Result] = self.flow.steps()
+        self.step: Step = next(self.steps)
+
+    def reply(self, value: object = None) -> Step:
+        self.step = self.steps.send(value)
+        return self.step
+
+    def fail(self, error: BaseException) -> Step:
+        self.step = self.steps.throw(error)
+        return self.step
+
+    def finish(self, value: object) -> Result:
+        with pytest.raises(StopIteration) as done:
+            self.steps.send(value)
+        result: Result = done.value.value
+        return result
+
+
+def test_an_uncontended_grant_is_one_attempt() -> None:
+    run = Run()
+    assert run.step == Stop()
+    attempt = run.reply(None)
+    assert attempt == Attempt(None, queue=True, patience=1010.0, deadline=1010.0)
+    assert run.finish(Granted(42)) == (42, 6000.0)  # the token, and the lease clock's time
+    assert run.flow.leave() is None
+    assert run.flow.limit == 1010.0 + run.settings.grace
+
+
+def test_a_denied_try_lock_is_not_queued_and_returns_none() -> None:
+    run = Run(blocking=False, wait_limit=0.0)
+    attempt = run.reply(None)
+    settings = run.settings
+    assert attempt == Attempt(
+        None,
+        queue=False,
+        patience=1000.0 + settings.try_patience,
+        deadline=1000 + settings.try_time,
+    )
+    assert run.finish(blocked(None, 1)) is None
+    assert run.flow.limit == 1000.0 + settings.try_time + settings.grace
+
+
+def test_a_queued_request_attempts_again_when_the_version_moves_and_it_is_next() -> None:
+    run = Run()
+    run.reply(None)
+    place = run.reply(blocked(5, version=1))
+    assert place == Place(5, (), new=True)
+    assert run.flow.ticket == 5
+    sleep = run.reply()
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(0.01)
+    run.clock.time += 0.01
+    assert run.reply(False) == Behind()
+    assert isinstance(run.reply(False), ReadVersion)
+    # Unchanged: sleep on, idle at most until the queue row is due for a refresh.
+    idle = 1000.0 + run.settings.waiter_refresh - run.clock.time
+    assert run.reply(1) == Sleep(pytest.approx(0.01), pytest.approx(idle))
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    # The version moved and nothing is ahead: straight to the attempt.
+    assert run.reply(2) == Stop()
+    assert run.reply(None) == Attempt(5, queue=True, patience=1010.0, deadline=1010.0)
+    assert run.delays.resets == 1
+    assert run.finish(Granted(43)) == (43, 6000.02)
+    assert run.flow.leave() is None  # the grant took the queue row
+
+
+def test_a_request_behind_others_judges_before_it_attempts() -> None:
+    run = Run()
+    run.reply(None)
+    assert run.reply(blocked(9, version=1, ahead=(waiter(4),))) == Place(9, (4,), new=True)
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)  # Behind
+    run.reply(False)  # ReadVersion
+    judge = run.reply(2)
+    assert judge == Judge(9, 1010.0)
+    # Not free yet, but next in line now: the next move goes straight to an attempt.
+    assert isinstance(run.reply(Outlook(free=False, next_in_line=True)), Sleep)
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert run.reply(3) == Stop()
+
+
+def test_a_request_behind_a_waiter_of_this_process_does_not_poll() -> None:
+    run = Run()
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4),)))
+    run.reply()
+    run.clock.time += 0.01
+    assert run.reply(False) == Behind()
+    assert isinstance(run.reply(True), Sleep)  # no ReadVersion while behind
+
+
+def test_a_release_in_this_process_wakes_the_request_at_once() -> None:
+    run = Run()
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    assert run.reply(True) == Stop()  # the Sleep was cut short by a release
+
+
+def test_the_recheck_judges_even_when_the_version_stands_still() -> None:
+    # An expired lock or a dead waiter moves no version.
+    run = Run()
+    run.reply(None)
+    run.reply(blocked(5, version=1, ahead=(waiter(4),)))
+    run.reply()
+    run.clock.time += run.settings.recheck
+    run.reply(False)
+    run.reply(False)
+    assert run.reply(1) == Judge(5, 1010.0)
+    assert run.reply(Outlook(free=True, next_in_line=True)) == Stop()
+
+
+def test_the_queue_row_is_refreshed_and_a_lapsed_one_queues_again() -> None:
+    run = Run(settings=Settings(clock=StillClock(), waiter_ttl=3.0, recheck=5.0))
+    run.clock = run.settings.clock  # type: ignore[assignment]
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    sleep = run.reply()
+    assert isinstance(sleep, Sleep)
+    run.clock.time += 1.0  # waiter_refresh = waiter_ttl / 3
+    assert run.reply(False) == Refresh(5, 1010.0)
+    assert run.reply(False) == Place(None, (), new=False)  # gone: queue anew
+    assert run.flow.ticket is None
+    assert run.reply() == Stop()
+    assert run.reply(None) == Attempt(None, queue=True, patience=1010.0, deadline=1010.0)
+
+
+def test_the_deadline_ends_the_wait_with_the_last_blockers() -> None:
+    run = Run(wait_limit=1.0)
+    run.reply(None)
+    run.reply(blocked(5, version=1, ahead=(waiter(4),)))
+    run.reply()
+    run.clock.time += 1.0
+    assert run.reply(False) == Stop()  # one last attempt, for its answer
+    last = run.reply(None)
+    assert last == Attempt(5, queue=False, patience=1001.0, deadline=None)
+    run.reply(blocked(5, version=2, ahead=(waiter(4),)))
+    with pytest.raises(LockTimeout) as raised:
+        run.reply()
+    assert raised.value.held_by == (HOLDER,)
+    assert [info.ticket for info in raised.value.queued_behind] == [4]
+    assert run.flow.leave() == 5  # the driver gives the place up
+    assert run.flow.leave() is None
+
+
+def test_a_deadlock_ends_the_request() -> None:
+    run = Run()
+    run.reply(None)
+    with pytest.raises(DeadlockDetected):
+        run.reply(Deadlocked(party=None, held_by=(HOLDER,)))
+
+
+def test_a_cancelled_request_raises_what_the_driver_says() -> None:
+    run = Run()
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    assert run.reply(True) == Stop()  # woken: the event was set
+    with pytest.raises(LockCancelled):
+        run.reply(LockCancelled(REQUEST.paths))
+    assert run.flow.leave() == 5  # and the driver gives the place up
+
+
+def test_a_closed_manager_ends_the_request_before_its_next_attempt() -> None:
+    run = Run()
+    with pytest.raises(ManagerClosed):
+        run.reply(ManagerClosed("lock paths"))
+
+
+def test_no_answer_in_time_is_a_lock_timeout_that_says_so() -> None:
+    run = Run()
+    run.reply(None)
+    with pytest.raises(LockTimeout) as raised:
+        run.fail(DatabaseTimeout("acquiring locks", TimeoutError("timed out"), "no answer"))
+    assert raised.value.unanswered
+    assert isinstance(raised.value.__cause__, DatabaseTimeout)
+
+
+def test_a_try_lock_that_gets_no_answer_raises_the_database_timeout() -> None:
+    run = Run(blocking=False, wait_limit=0.0)
+    run.reply(None)
+    with pytest.raises(DatabaseTimeout):
+        run.fail(DatabaseTimeout("acquiring locks", TimeoutError("timed out"), "no answer"))
+
+
+def test_lost_races_until_the_deadline_are_a_contended_timeout() -> None:
+    run = Run()
+    run.reply(None)
+    with pytest.raises(LockTimeout) as raised:
+        run.fail(ContentionTimeout("acquiring locks", RuntimeError("1213"), "lost 9 races"))
+    assert raised.value.contended
+    # A try-lock reports the ContentionTimeout itself (the manager turns it into None).
+    run = Run(blocking=False, wait_limit=0.0)
+    run.reply(None)
+    with pytest.raises(ContentionTimeout):
+        run.fail(ContentionTimeout("acquiring locks", RuntimeError("1213"), "lost 9 races"))
+
+
+def test_without_a_timeout_the_calls_keep_their_own_bounds() -> None:
+    run = Run(wait_limit=None)
+    attempt = run.reply(None)
+    assert isinstance(attempt, Attempt)
+    assert attempt.deadline is None  # each call: settings.call_time
+    assert attempt.patience == float("inf")
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(None)
