@@ -81,13 +81,17 @@ def acquire(
         request, store.settings, policy.start(), blocking=blocking, wait_limit=wait_limit
     )
     watch = wakeups.watch(request.customer_id)
-    try:
-        with deadlines.limit(flow.limit), watch:
+
+    def bounded(_limit: deadlines.Limit) -> Result:
+        with watch:
             try:
                 steps = _Steps(store, request, watch, closed, cancel)
                 return drive(flow.steps(), steps, PathLockError)
             finally:
                 _leave(store, request, flow.leave())
+
+    try:
+        return deadlines.within(flow.limit, bounded)
     finally:
         watch.close()  # again, if an interrupt cut the with block's exit short
 

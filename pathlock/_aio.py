@@ -169,7 +169,7 @@ class LoopRunner:
     ) -> tuple[T, bool]:
         # The limit is this task's context, which the greenlet shares: the
         # engine's commit listener marks it (see watch_commits).
-        with deadlines.limit(ends) as limit:
+        async with deadlines.limit(ends) as limit:
             seconds = ends - time.monotonic()
             try:
                 async with asyncio.timeout(None if seconds == float("inf") else max(seconds, 0.0)):

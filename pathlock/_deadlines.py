@@ -3,10 +3,16 @@ keeps to it.
 
 A caller's ``timeout=`` bounds its whole call: connecting, every statement,
 the retries and the sleeps between them. :mod:`pathlock._transactions` runs
-every attempt inside :func:`limit`, which records, for this thread, the
+every attempt under :func:`within`, which records, for this thread, the
 monotonic time by which the attempt must be over; limits nest, and the
 earliest one wins (``close()`` and a lock request put one around everything
 they do).
+
+A limit lives in a copy of the caller's context that the call leaves behind
+(:meth:`contextvars.Context.run`, which is C code): a ``KeyboardInterrupt``
+raised between any two bytecodes cannot leave it in force afterwards, as it
+could between a ``ContextVar.set()`` and the ``try`` that resets it. One limit
+left over that way made every later call of the thread fail at once.
 
 PyMySQL reads its socket timeouts from attributes of the connection object
 before every packet it sends or reads, and its connect timeout before it
@@ -22,10 +28,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pymysql.connections
 
@@ -48,11 +55,29 @@ class Limit:
 
 _current: ContextVar[Limit | None] = ContextVar("pathlock_limit", default=None)
 
+T = TypeVar("T")
 
-@contextmanager
-def limit(ends: float) -> Iterator[Limit]:
-    """Within the block, this thread's database calls end by the monotonic
-    time ``ends``, or by the limit already in force if that is earlier."""
+
+def within(ends: float, function: Callable[[Limit], T]) -> T:
+    """``function(limit)``, with this thread's database calls ending by the
+    monotonic time ``ends``, or by the limit already in force if that is
+    earlier. The limit is gone when the call returns or raises, whatever
+    interrupted it (see the module's docstring)."""
+    return copy_context().run(_run_within, ends, function)
+
+
+def _run_within(ends: float, function: Callable[[Limit], T]) -> T:
+    outer = _current.get()
+    inner = Limit(ends if outer is None else min(ends, outer.ends))
+    _current.set(inner)  # in the copied context: nothing to reset
+    return function(inner)
+
+
+@asynccontextmanager
+async def limit(ends: float) -> AsyncIterator[Limit]:
+    """:func:`within` for a coroutine's block: in a coroutine an exception
+    arrives only at an ``await``, never between the ``set()`` and the
+    ``try``, so a reset in ``finally`` always runs."""
     outer = _current.get()
     inner = Limit(ends if outer is None else min(ends, outer.ends))
     token = _current.set(inner)

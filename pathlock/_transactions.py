@@ -160,12 +160,15 @@ class _ThreadRunner:
         *,
         read_only: bool,
     ) -> tuple[T, bool]:
-        with deadlines.limit(ends) as limit:
+
+        def bounded(limit: deadlines.Limit) -> tuple[T, bool]:
             try:
                 result = attempt_once(node, operation, number, read_only=read_only)
             except SQLAlchemyError as error:
                 raise AttemptFailed(error, limit.commit_unanswered) from error
             return result, limit.commit_unanswered
+
+        return deadlines.within(ends, bounded)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

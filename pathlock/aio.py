@@ -227,7 +227,7 @@ class AsyncPathLockManager:
         elif first:
             core._stop_background()  # never started: nothing to wait for
         if self._opened:
-            with deadlines.limit(time.monotonic() + core.settings.close_time):
+            async with deadlines.limit(time.monotonic() + core.settings.close_time):
                 for lease in leases:
                     lease._end(CLOSED_WHILE_HELD)
                     await self._wrap(lease)._release_held()

@@ -600,12 +600,15 @@ class PathLockManager:
             self._stop_background()
         # One bound for all of them: a database that does not answer costs
         # close() settings.close_time, not that much per lease.
-        with deadlines.limit(time.monotonic() + self._settings.close_time):
+
+        def release_all(_limit: deadlines.Limit) -> None:
             for lease in leases:
                 lease._end(CLOSED_WHILE_HELD)
                 lease.release()
             self._calls.wait_idle(self._settings.close_wait)
             self._in_doubt.settle()
+
+        deadlines.within(time.monotonic() + self._settings.close_time, release_all)
         self._finish_close()
 
     def _begin_close(self) -> tuple[bool, list[Lease]] | None:
@@ -844,8 +847,10 @@ class PathLockManager:
         settled = False
         try:
             # Briefly: the caller is on its way out (an interrupt, a close).
-            with deadlines.limit(time.monotonic() + self._settings.resolve_time):
-                settled = self._in_doubt.settle()
+            settled = deadlines.within(
+                time.monotonic() + self._settings.resolve_time,
+                lambda _limit: self._in_doubt.settle(),
+            )
         finally:
             if not settled:
                 self._in_doubt.settle_soon()

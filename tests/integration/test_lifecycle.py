@@ -28,8 +28,10 @@ from pathlock import (
     LeaseLost,
     ManagerClosed,
     PathLockManager,
+    Settings,
     waiting,
 )
+from pathlock import _deadlines as deadlines
 from pathlock.schema import path_lock_waiters, path_locks
 
 T = TypeVar("T")
@@ -313,6 +315,51 @@ def test_close_finishes_an_interrupted_release(
         lease.release()
     manager.close()
     assert _count(raw_engine, customer_id) == (0, 0)
+
+
+class _InterruptAfterLimit:
+    """Stands in for the context variable that holds a call's time limit and
+    raises KeyboardInterrupt once, right after the first finite limit is set:
+    where a Ctrl-C lands when it comes between two bytecodes there."""
+
+    def __init__(self, variable: Any) -> None:
+        self._variable = variable
+        self.fired = False
+
+    def get(self) -> Any:
+        return self._variable.get()
+
+    def set(self, value: Any) -> Any:
+        token = self._variable.set(value)
+        if not self.fired and value is not None and value.ends != float("inf"):
+            self.fired = True
+            raise KeyboardInterrupt
+        return token
+
+    def reset(self, token: Any) -> None:
+        self._variable.reset(token)
+
+
+@pytest.mark.parametrize("call", ["lock_paths", "release_locks"])
+def test_an_interrupt_as_a_time_limit_is_set_leaves_no_limit_behind(
+    database_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A limit left in force made every later call of the thread fail at once
+    with "no answer within 0 s" once its time had passed (the stress run with
+    random interrupts found it)."""
+    settings = Settings(call_time=0.5)
+    with PathLockManager(database_url, heartbeat=False, settings=settings) as manager:
+        locks = manager.for_customer(customer_id)
+        interrupt = _InterruptAfterLimit(deadlines._current)
+        monkeypatch.setattr(deadlines, "_current", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            getattr(locks, call)(*(["/Shared/a"] if call == "lock_paths" else []))
+        assert interrupt.fired
+        assert deadlines.current() is None
+        time.sleep(settings.call_time + settings.grace)  # past the limit that was set
+        with locks.lock_paths("/Shared/a", timeout=5):
+            pass
+        assert locks.release_locks() == 0
 
 
 def _in_thread(call: Callable[[], T]) -> Future[T]:
