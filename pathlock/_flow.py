@@ -308,25 +308,32 @@ class AcquireFlow:
             now = clock.monotonic()
             if now >= deadline:
                 return  # one last attempt, for its answer
-            if self.ticket is not None and now >= self._refresh_due:
-                if not (yield Refresh(self.ticket, self._by(deadline))):
-                    # Lapsed (this process stalled) or deleted by an operator:
-                    # queue again, behind whoever queued meanwhile.
-                    self.ticket = None
-                    yield Place(None, (), False)
-                    return
-                self._refresh_due = now + settings.waiter_refresh
-            if (yield Behind()):
-                continue
-            current = yield ReadVersion(self._by(deadline))
-            moved = current != self._version
-            if not moved and now < recheck_at:
-                continue
-            self._moved_to(current)
-            if moved and self._next_in_line:
-                return  # the likely next grant: straight to the attempt
-            recheck_at = now + settings.recheck
-            outlook: Outlook = yield Judge(self.ticket, self._by(deadline))
+            try:
+                if self.ticket is not None and now >= self._refresh_due:
+                    if not (yield Refresh(self.ticket, self._by(deadline))):
+                        # Lapsed (this process stalled) or deleted by an operator:
+                        # queue again, behind whoever queued meanwhile.
+                        self.ticket = None
+                        yield Place(None, (), False)
+                        return
+                    self._refresh_due = now + settings.waiter_refresh
+                if (yield Behind()):
+                    continue
+                current = yield ReadVersion(self._by(deadline))
+                moved = current != self._version
+                if not moved and now < recheck_at:
+                    continue
+                self._moved_to(current)
+                if moved and self._next_in_line:
+                    return  # the likely next grant: straight to the attempt
+                recheck_at = now + settings.recheck
+                outlook: Outlook = yield Judge(self.ticket, self._by(deadline))
+            except DatabaseTimeout:
+                if clock.monotonic() < deadline:
+                    raise
+                # The request's time ran out during a read: the last attempt
+                # (which has ``grace`` more) says whether the database answers.
+                return
             if outlook.free:
                 return
             self._next_in_line = outlook.next_in_line

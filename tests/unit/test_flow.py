@@ -286,6 +286,49 @@ def test_no_answer_in_time_is_a_lock_timeout_that_says_so() -> None:
     assert isinstance(raised.value.__cause__, DatabaseTimeout)
 
 
+@pytest.mark.parametrize("read", ["refresh", "version", "judge"])
+def test_a_read_cut_short_by_the_deadline_is_followed_by_the_last_attempt(read: str) -> None:
+    """On a loaded machine a read between attempts, started just before the
+    deadline, runs out of the request's time: that is a plain timeout if the
+    last attempt gets its answer, not one the database failed to answer."""
+    settings = Settings(clock=StillClock(), waiter_ttl=3.0, recheck=0.5)
+    run = Run(wait_limit=2.0, settings=settings)
+    run.clock = settings.clock  # type: ignore[assignment]
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 1.0 if read == "refresh" else 0.5  # refresh due at +1.0, recheck at +0.5
+    step = run.reply(False)
+    if read != "refresh":
+        assert step == Behind()
+        assert run.reply(False) == ReadVersion(1002.0)
+        if read == "judge":
+            run.reply(1)  # the version stood still past the recheck
+        step = run.step
+    assert type(step) is {"refresh": Refresh, "version": ReadVersion, "judge": Judge}[read]
+    run.clock.time = 1002.0
+    timed_out = DatabaseTimeout("reading", TimeoutError("timed out"), "no answer within 0.5 s")
+    assert run.fail(timed_out) == Stop()
+    assert run.reply(None) == Attempt(5, queue=False, patience=1002.0, deadline=None)
+    run.reply(blocked(5, version=2))
+    with pytest.raises(LockTimeout) as raised:
+        run.reply()
+    assert not raised.value.unanswered
+    # Before the deadline, a read that gets no answer ends the request.
+    run = Run(wait_limit=2.0, settings=settings)
+    run.clock = settings.clock  # type: ignore[assignment]
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    assert isinstance(run.step, Behind)
+    run.reply(False)
+    with pytest.raises(LockTimeout) as raised:
+        run.fail(timed_out)
+    assert raised.value.unanswered
+
+
 def test_a_try_lock_that_gets_no_answer_raises_the_database_timeout() -> None:
     run = Run(blocking=False, wait_limit=0.0)
     run.reply(None)
