@@ -41,6 +41,11 @@ CANCEL_CHECK = 0.05
 """Seconds between the checks of a waiting request's ``cancel`` event."""
 
 
+LeftBehind = Callable[[int, str], None]
+"""What :func:`acquire` calls with a request's customer and lease id when the
+request could not leave the queue."""
+
+
 class Cancel(Protocol):
     """What ``lock_paths(cancel=...)`` takes: a :class:`threading.Event`, or
     anything with its ``is_set()``."""
@@ -58,6 +63,7 @@ def acquire(
     wait_limit: float | None,
     closed: Callable[[], bool] = lambda: False,
     cancel: Cancel | None = None,
+    left_behind: LeftBehind | None = None,
 ) -> Result:
     """Attempt until ``request`` is granted: return its fencing token and the
     lease clock's time (``settings.clock.now()``) when its granting attempt
@@ -69,6 +75,11 @@ def acquire(
     local waiters), :class:`LockCancelled` once ``cancel`` is set (seen within
     :data:`CANCEL_CHECK` seconds while the request sleeps; an attempt under way
     ends first).
+
+    A request that gives up leaves the queue within its time; if the database
+    does not answer in time, ``left_behind(customer_id, lease_id)`` is called
+    so that its row is deleted later, before it would have lapsed
+    (``settings.waiter_ttl``) and held up the requests queued behind it.
 
     Everything, the database's waits included, ends within ``wait_limit`` +
     ``grace`` seconds (a try-lock: ``try_time`` + ``grace``): a blocking
@@ -88,7 +99,7 @@ def acquire(
                 steps = _Steps(store, request, watch, closed, cancel)
                 return drive(flow.steps(), steps, PathLockError)
             finally:
-                _leave(store, request, flow.leave())
+                _leave(store, request, flow.leave(), left_behind)
 
     try:
         return deadlines.within(flow.limit, bounded)
@@ -161,7 +172,9 @@ class _Steps:
         raise TypeError(f"unknown step {step!r}")  # pragma: no cover - a bug
 
 
-def _leave(store: Store, request: GrantRequest, ticket: int | None) -> None:
+def _leave(
+    store: Store, request: GrantRequest, ticket: int | None, left_behind: LeftBehind | None
+) -> None:
     """Give up the place (timeout, deadlock, error, interrupt)."""
     if ticket is None:
         return
@@ -169,10 +182,13 @@ def _leave(store: Store, request: GrantRequest, ticket: int | None) -> None:
         store.leave_queue(request.customer_id, request.lease_id, ticket)
     except PathLockError as error:
         log.warning(
-            "could not leave the queue (customer %d, ticket %d); the row stops "
-            "counting within %g s: %s",
+            "could not leave the queue (customer %d, ticket %d): %s; %s",
             request.customer_id,
             ticket,
-            store.settings.waiter_ttl,
             error,
+            "deleting the row later"
+            if left_behind
+            else f"the row stops counting within {store.settings.waiter_ttl:g} s",
         )
+        if left_behind is not None:
+            left_behind(request.customer_id, request.lease_id)

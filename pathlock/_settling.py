@@ -54,9 +54,14 @@ class InDoubt:
         self._thread: threading.Thread | None = None
 
     def add(self, customer_id: int, lease_id: str, ttl: float) -> None:
-        """Record ``lease_id`` before the step that may leave it in doubt."""
+        """Record ``lease_id`` before the step that may leave it in doubt
+        (kept at least as long as any earlier record of it asked)."""
+        gone_by = time.monotonic() + 2 * ttl
         with self._lock:
-            self._entries[lease_id] = _Entry(customer_id, time.monotonic() + 2 * ttl)
+            earlier = self._entries.get(lease_id)
+            if earlier is not None:
+                gone_by = max(gone_by, earlier.gone_by)
+            self._entries[lease_id] = _Entry(customer_id, gone_by)
 
     def discard(self, lease_id: str) -> None:
         """Its rows are known gone (or known to expire unaided)."""

@@ -738,6 +738,7 @@ class PathLockManager:
                     wait_limit=wait_limit,
                     closed=lambda: self._closed,
                     cancel=event,
+                    left_behind=self._leave_later,
                 )
                 if granted is None:
                     self._events.timed_out(self._denied(request, called))
@@ -854,6 +855,14 @@ class PathLockManager:
         finally:
             if not settled:
                 self._in_doubt.settle_soon()
+
+    def _leave_later(self, customer_id: int, lease_id: str) -> None:
+        """A request gave up but could not delete its queue row in time: it is
+        deleted from the background, with the leases in doubt, rather than
+        make the requests behind it wait until it lapses."""
+        # Dropped after waiter_ttl: by then the row has lapsed anyway.
+        self._in_doubt.add(customer_id, lease_id, self._settings.waiter_ttl / 2)
+        self._in_doubt.settle_soon()
 
     def _settle_release(self, customer_id: int, lease_id: str) -> None:
         try:

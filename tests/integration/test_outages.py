@@ -26,7 +26,8 @@ import pytest
 from pymysql.connections import Connection
 from sqlalchemy import Engine, create_engine, text
 
-from pathlock import BackendError, LockTimeout, PathLockManager
+from pathlock import BackendError, DatabaseTimeout, LockTimeout, PathLockManager, Settings
+from pathlock._store import Store
 from servers import private_mariadb
 from tests.integration.conftest import PRIVATE_DATABASE
 
@@ -209,3 +210,45 @@ def test_a_refused_commit_leaves_no_transaction_for_the_retry_to_run_in(
         armed.set()  # the release's COMMIT refused too: retried, and done
         assert _rows(mariadb_engine, customer_id) == []
         locks.lock_paths("/a").release()  # and the owner is not held back by anything
+
+
+def test_a_queue_row_left_behind_by_a_timeout_is_deleted_soon(
+    database_url: str,
+    customer_id: int,
+    raw_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request that timed out must leave the queue within its own time; on a
+    loaded machine its last attempt can use that time up. Its row was then
+    left to lapse (``waiter_ttl``), and every request queued behind it waited
+    that long; now it is deleted from the background within about a second."""
+    settings = Settings(waiter_ttl=60.0)
+    leave_queue = Store.leave_queue
+
+    def no_answer(*_args: Any, **_kwargs: Any) -> None:
+        monkeypatch.setattr(Store, "leave_queue", leave_queue)  # once
+        raise DatabaseTimeout("leaving the queue", TimeoutError(), "no answer within 0.5 s")
+
+    with PathLockManager(database_url, heartbeat=False, settings=settings) as manager:
+        locks = manager.for_customer(customer_id)
+        holder = locks.lock_paths("/a", owner="holder")
+        monkeypatch.setattr(Store, "leave_queue", no_answer)
+        with caplog.at_level(logging.WARNING, "pathlock"), pytest.raises(LockTimeout):
+            locks.lock_paths("/a/b", timeout=0.2, owner="waiter")
+        assert "deleting the row later" in caplog.text
+        deadline = time.monotonic() + 10 * settings.settle_retry
+        while _waiters(raw_engine, customer_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _waiters(raw_engine, customer_id) == 0
+        holder.release()
+
+
+def _waiters(engine: Engine, customer_id: int) -> int:
+    with engine.connect() as connection:
+        count: int = connection.execute(
+            text("SELECT COUNT(*) FROM path_lock_waiters WHERE customer_id = :c"),
+            {"c": customer_id},
+        ).scalar_one()
+        connection.rollback()
+    return count
