@@ -20,27 +20,34 @@ So a waiting task holds no thread and never blocks the loop, and a task that
 is cancelled is cancelled inside whichever wait it is in: the cancellation
 unwinds the same code an interrupt unwinds in the synchronous API.
 
-The manager's background threads (renewal scheduling, the settling of leases
-in doubt, the reaper) keep their schedules; their database calls are handed
-to the loop (``run_coroutine_threadsafe``) and wait there for the answer.
+Renewals are tasks of the loop (:class:`TaskHeartbeat`), driven by the same
+schedule as the synchronous API's heartbeat thread. The manager's other
+background threads (the settling of leases in doubt, renewals that wait for
+a customer's row, the reaper) keep their schedules; their database calls are
+handed to the loop (``run_coroutine_threadsafe``) and wait there for the
+answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from pathlock import _deadlines as deadlines
+from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
 from pathlock._routing import Node
 from pathlock._transactions import AttemptFailed, attempt_once
+from pathlock.clock import Clock
 from pathlock.errors import BackendError
+from pathlock.lease import Lease, LostCallback
 
 T = TypeVar("T")
 
@@ -234,3 +241,120 @@ class LoopWaker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._event.wait()
+
+
+class TaskHeartbeat:
+    """The asyncio API's renewals (the interface of
+    :class:`pathlock._heartbeat.Heartbeat`): the same
+    :class:`~pathlock._heartbeat.Schedule`, carried out by a task of the loop
+    that sleeps until its next entry, with each round of renewals in a task
+    of its own, so that a renewal stuck in the network never delays a loss
+    being declared. ``on_lost`` callbacks run on the loop, one at a time.
+
+    Everything happens on the loop's thread; calls from other threads (a
+    renewal that waited for its customer's row, the settling of leases in
+    doubt) are handed to it."""
+
+    def __init__(
+        self,
+        runner: LoopRunner,
+        renew: Callable[[list[Lease]], None],
+        *,
+        retry_after: float,
+        clock: Clock,
+    ) -> None:
+        self._runner = runner
+        self._renew = renew
+        self._clock = clock
+        self._schedule = Schedule(retry_after=retry_after)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._rounds: set[asyncio.Task[None]] = set()
+        self._callbacks: asyncio.Task[None] | None = None
+        self._queue: collections.deque[tuple[Lease, LostCallback]] = collections.deque()
+        self._stopping = False
+
+    def add(self, lease: Lease) -> None:
+        """Renew ``lease`` from now on: O(log n) in the leases held."""
+        if self._stopping or self._handed_over(self.add, lease):
+            return
+        earliest = self._schedule.add(lease)
+        if self._task is None:
+            self._wake = wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(wake))
+        elif earliest:
+            self._wake_up()
+
+    def run_callbacks(self, lease: Lease, callbacks: Sequence[LostCallback]) -> None:
+        """Call ``callbacks`` with ``lease``, in order, on the loop."""
+        if self._handed_over(self.run_callbacks, lease, callbacks):
+            return
+        self._queue.extend((lease, callback) for callback in callbacks)
+        if self._callbacks is None or self._callbacks.done():
+            self._callbacks = asyncio.get_running_loop().create_task(self._run_callbacks())
+
+    def stop(self, _timeout: float = 0.0) -> None:
+        """Schedule and start nothing more (:meth:`aclose` ends the tasks)."""
+        self._stopping = True
+
+    async def aclose(self, timeout: float) -> None:
+        """Stop, and end the tasks: a round in flight gets up to ``timeout``
+        seconds to finish; callbacks already due still run (as long)."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+        pending = [*self._rounds, *([self._callbacks] if self._callbacks else [])]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout)
+            for task in late:
+                task.cancel()
+        tasks = [task for task in (self._task, *self._rounds) if task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _handed_over(self, method: Callable[..., None], *args: Any) -> bool:
+        """Whether the call was handed to the loop's thread (or dropped: the
+        loop is gone, and with it whatever would renew or report)."""
+        loop = self._runner.loop
+        if loop is not None and _running_loop() is loop:
+            return False
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # closed
+                loop.call_soon_threadsafe(method, *args)
+        return True
+
+    def _wake_up(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        schedule, clock = self._schedule, self._clock
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            wake.clear()
+            lost, batch = schedule.due(clock.now())
+            for lease in lost:
+                declare_lost(lease)
+            if batch:
+                task = loop.create_task(self._round(batch))
+                self._rounds.add(task)
+                task.add_done_callback(self._rounds.discard)
+            next_at = schedule.next_at()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(
+                    None if next_at is None else max(0.0, next_at - clock.now())
+                ):
+                    await wake.wait()
+
+    async def _round(self, batch: list[Lease]) -> None:
+        failed_at = None
+        try:
+            failed_at = await spawn(renew_round, self._renew, batch, self._clock)
+        finally:
+            self._schedule.round_over(batch, failed_at)
+            self._wake_up()
+
+    async def _run_callbacks(self) -> None:
+        while self._queue:
+            lease, callback = self._queue.popleft()
+            run_callback(lease, callback)
+            await asyncio.sleep(0)  # a long run of losses never holds the loop

@@ -1,17 +1,18 @@
-"""The renewal thread: keeps a manager's leases alive, or says they are lost.
+"""The heartbeat: keeps a manager's leases alive, or says they are lost.
 
-One scheduler thread per manager keeps its held leases in a heap ordered by
-the time each one next needs attention: its renewal (a third of its ttl after
-its last renewal began) or, while a renewal is under way or failing, the
-moment it must be presumed lost. Registering a lease is a push onto that heap
-(O(log n)); the thread wakes only when the earliest entry falls due, never
-rescans every lease.
+:class:`Schedule` keeps the held leases in a heap ordered by the time each
+one next needs attention: its renewal (a third of its ttl after its last
+renewal began) or, while a renewal is under way or failing, the moment it
+must be presumed lost. It does no I/O; two drivers carry it out. The
+synchronous API's is :class:`Heartbeat`: one scheduler thread per manager,
+which wakes only when the earliest entry falls due. The asyncio API's is a
+task of its loop (:class:`pathlock._aio.TaskHeartbeat`).
 
-Renewals run on a separate short-lived thread, one round at a time, so a
-database call stuck in the network never stops the scheduler from declaring a
-lease lost in time: a lease that could not be renewed is reported lost
-``margin`` seconds before its conservative deadline, i.e. before the database
-could grant its paths to anyone else.
+Renewals run apart from the scheduler (a short-lived thread, or a task), one
+round at a time, so a database call stuck in the network never stops it from
+declaring a lease lost in time: a lease that could not be renewed is reported
+lost ``margin`` seconds before its conservative deadline, i.e. before the
+database could grant its paths to anyone else.
 
 ``on_lost`` callbacks run on a third thread of their own (:class:`Callbacks`),
 so a callback that blocks, raises, calls ``sys.exit()`` or raises
@@ -37,8 +38,111 @@ from pathlock.lease import Lease, LostCallback
 log = logging.getLogger("pathlock.heartbeat")
 
 
+class Schedule:
+    """When each of a manager's leases next needs attention, without I/O,
+    threads or sleeping: the renewal schedule, which a driver carries out
+    (:class:`Heartbeat` on a thread; :class:`pathlock._aio.TaskHeartbeat` as a
+    task of the asyncio API's loop). The driver serializes the calls.
+
+    Each lease is in a heap by the time it next needs attention: its renewal
+    (a third of its ttl after its last renewal began) or, while a renewal is
+    under way or failing, the moment it must be presumed lost. Adding a lease
+    is a push (O(log n)); nothing ever rescans every lease. At most one round
+    of renewals is in flight; the leases that fall due meanwhile wait for the
+    next one.
+    """
+
+    def __init__(self, *, retry_after: float = 1.0) -> None:
+        # After a failed round, try again this soon (at most a tenth of ttl).
+        self._retry_after = retry_after
+        # (when, sequence, lease): the sequence breaks ties, and an entry is
+        # current only while it is the lease's latest (``_current``); older
+        # ones are skipped when they come up, so rescheduling is a push.
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._current: dict[Lease, int] = {}
+        self._sequence = itertools.count()
+        self._pending: list[Lease] = []  # due, waiting for the round in flight
+        self._busy: set[Lease] = set()  # pending or in the round in flight
+        self._in_flight = False
+
+    def add(self, lease: Lease) -> bool:
+        """Renew ``lease`` from now on; whether it is now the earliest entry
+        (the driver, asleep until a later one, must look again)."""
+        self._push(lease, lease.renew_due)
+        return self._heap[0][2] is lease
+
+    def next_at(self) -> float | None:
+        """The lease clock's time when the earliest entry falls due, if any."""
+        return self._heap[0][0] if self._heap else None
+
+    def due(self, now: float) -> tuple[list[Lease], list[Lease]]:
+        """Take the entries due by ``now``: the leases to declare lost, and the
+        round of renewals to start now (empty while one is in flight); the
+        driver reports the round's end to :meth:`round_over`."""
+        lost: list[Lease] = []
+        while self._heap and self._heap[0][0] <= now:
+            _, sequence, lease = heapq.heappop(self._heap)
+            if self._current.get(lease) != sequence:
+                continue  # rescheduled since
+            if lease.released:
+                del self._current[lease]
+            elif lease.lost:
+                del self._current[lease]
+                lost.append(lease)  # marking it again, if it was, does nothing
+            elif lease in self._busy:
+                # Renewed meanwhile (Lease.renew()): watch its new deadline.
+                self._push(lease, lease.lost_at)
+            elif now >= lease.renew_due:
+                self._pending.append(lease)
+                self._busy.add(lease)
+                # Until its round is back, it only needs watching for loss.
+                self._push(lease, lease.lost_at)
+            else:
+                self._push(lease, min(lease.renew_due, lease.lost_at))
+        if self._in_flight or not self._pending:
+            return lost, []
+        batch, self._pending = self._pending, []
+        self._in_flight = True
+        return lost, batch
+
+    def round_over(self, batch: list[Lease], failed_at: float | None) -> None:
+        """The round of ``batch`` ended; ``failed_at``: the lease clock's time
+        when it failed (its leases are tried again soon), ``None`` if it did
+        not."""
+        self._in_flight = False
+        for lease in batch:
+            if failed_at is not None:
+                lease.renew_due = failed_at + min(self._retry_after, lease.ttl / 10)
+            self._busy.discard(lease)
+            if lease in self._current:  # not declared lost meanwhile
+                self._push(lease, min(lease.renew_due, lease.lost_at))
+
+    def _push(self, lease: Lease, when: float) -> None:
+        sequence = next(self._sequence)
+        self._current[lease] = sequence
+        heapq.heappush(self._heap, (when, sequence, lease))
+
+
+def renew_round(
+    renew: Callable[[list[Lease]], None], batch: list[Lease], clock: Clock
+) -> float | None:
+    """Run one round of renewals; the lease clock's time if it failed (logged:
+    the heartbeat must survive anything), else ``None``."""
+    try:
+        renew(batch)
+    except Exception as error:
+        if isinstance(error, PathLockError):
+            log.warning("renewing %d lease(s) failed, retrying soon: %s", len(batch), error)
+        else:
+            log.exception("renewing %d lease(s) failed unexpectedly", len(batch))
+        return clock.now()
+    return None
+
+
 class Heartbeat:
-    """Renews the leases given to :meth:`add` until they are released or lost.
+    """Renews the leases given to :meth:`add` until they are released or lost,
+    on threads: one that keeps the :class:`Schedule` and sleeps until its next
+    entry, and a short-lived one per round of renewals.
 
     Constructing one starts nothing: the threads start with the first lease
     (or the first lost callback) and end with :meth:`stop`.
@@ -54,18 +158,9 @@ class Heartbeat:
     ) -> None:
         self._renew = renew
         self._clock = clock
-        # After a failed round, try again this soon (at most a tenth of ttl).
-        self._retry_after = retry_after
         self._name = name
         self._condition = threading.Condition()
-        # (when, sequence, lease): the sequence breaks ties, and an entry is
-        # current only while it is the lease's latest (``_current``); older
-        # ones are skipped when they come up, so rescheduling is a push.
-        self._heap: list[tuple[float, int, Lease]] = []
-        self._current: dict[Lease, int] = {}
-        self._sequence = itertools.count()
-        self._pending: list[Lease] = []  # due, waiting for the round in flight
-        self._busy: set[Lease] = set()  # pending or in the round in flight
+        self._schedule = Schedule(retry_after=retry_after)
         self._thread: threading.Thread | None = None
         self._in_flight: threading.Thread | None = None
         self._stopping = False
@@ -81,11 +176,11 @@ class Heartbeat:
         with interrupts.held_back(), self._condition:
             if self._stopping:
                 return
-            self._schedule(lease, lease.renew_due)
+            earliest = self._schedule.add(lease)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is lease:  # earlier than anything the thread sleeps for
+            elif earliest:  # earlier than anything the thread sleeps for
                 self._woken = True
                 self._condition.notify()
 
@@ -108,21 +203,21 @@ class Heartbeat:
                 waited.join(max(0.0, deadline - time.monotonic()))
         self.callbacks.stop(max(0.0, deadline - time.monotonic()))
 
-    def _schedule(self, lease: Lease, when: float) -> None:
-        sequence = next(self._sequence)
-        self._current[lease] = sequence
-        heapq.heappush(self._heap, (when, sequence, lease))
-
     def _run(self) -> None:
         while True:
             with self._condition:
                 if self._stopping:
                     return
                 self._woken = False
-                lost = self._pop_due(self._clock.now())
-                renewal = self._claim_round()
+                lost, batch = self._schedule.due(self._clock.now())
+                renewal = None
+                if batch:
+                    renewal = threading.Thread(
+                        target=self._round, args=(batch,), name=f"{self._name}-renew", daemon=True
+                    )
+                    self._in_flight = renewal
             for lease in lost:
-                _declare_lost(lease)
+                declare_lost(lease)
             if renewal is not None:
                 renewal.start()
             with self._condition:
@@ -130,65 +225,18 @@ class Heartbeat:
                     return
                 if self._woken:
                     continue
-                timeout = None
-                if self._heap:
-                    timeout = max(0.0, self._heap[0][0] - self._clock.now())
+                next_at = self._schedule.next_at()
+                timeout = None if next_at is None else max(0.0, next_at - self._clock.now())
                 self._condition.wait(timeout)
 
-    def _pop_due(self, now: float) -> list[Lease]:
-        """Take the entries due by ``now``: due renewals go to the pending
-        round, and the leases to declare lost are returned."""
-        lost: list[Lease] = []
-        while self._heap and self._heap[0][0] <= now:
-            _, sequence, lease = heapq.heappop(self._heap)
-            if self._current.get(lease) != sequence:
-                continue  # rescheduled since
-            if lease.released:
-                del self._current[lease]
-            elif lease.lost:
-                del self._current[lease]
-                lost.append(lease)  # marking it again, if it was, does nothing
-            elif lease in self._busy:
-                # Renewed meanwhile (Lease.renew()): watch its new deadline.
-                self._schedule(lease, lease.lost_at)
-            elif now >= lease.renew_due:
-                self._pending.append(lease)
-                self._busy.add(lease)
-                # Until its round is back, it only needs watching for loss.
-                self._schedule(lease, lease.lost_at)
-            else:
-                self._schedule(lease, min(lease.renew_due, lease.lost_at))
-        return lost
-
-    def _claim_round(self) -> threading.Thread | None:
-        """The thread of the next round (to start outside the lock), if one
-        is pending and none is in flight."""
-        if self._in_flight is not None or not self._pending:
-            return None
-        batch, self._pending = self._pending, []
-        self._in_flight = threading.Thread(
-            target=self._round, args=(batch,), name=f"{self._name}-renew", daemon=True
-        )
-        return self._in_flight
-
     def _round(self, batch: list[Lease]) -> None:
+        failed_at = None
         try:
-            self._renew(batch)
-        except Exception as error:  # the heartbeat must survive anything
-            if isinstance(error, PathLockError):
-                log.warning("renewing %d lease(s) failed, retrying soon: %s", len(batch), error)
-            else:
-                log.exception("renewing %d lease(s) failed unexpectedly", len(batch))
-            retry_at = self._clock.now()
-            for lease in batch:
-                lease.renew_due = retry_at + min(self._retry_after, lease.ttl / 10)
+            failed_at = renew_round(self._renew, batch, self._clock)
         finally:
             with self._condition:
                 self._in_flight = None
-                for lease in batch:
-                    self._busy.discard(lease)
-                    if lease in self._current:  # not declared lost meanwhile
-                        self._schedule(lease, min(lease.renew_due, lease.lost_at))
+                self._schedule.round_over(batch, failed_at)
                 self._woken = True
                 self._condition.notify()
 
@@ -253,7 +301,7 @@ class Stragglers:
                 del self._running[key]
 
 
-def _declare_lost(lease: Lease) -> None:
+def declare_lost(lease: Lease) -> None:
     lease._mark_lost(  # once: later calls (and calls on released leases) do nothing
         f"not renewed for {lease.ttl - lease.margin:.1f} s (database unreachable?); "
         f"it may have expired, so it counts as lost"
@@ -302,10 +350,10 @@ class Callbacks:
                     self._thread = None
                     return
                 lease, callback = self._queue.popleft()
-            _call(lease, callback)
+            run_callback(lease, callback)
 
 
-def _call(lease: Lease, callback: LostCallback) -> None:
+def run_callback(lease: Lease, callback: LostCallback) -> None:
     try:
         callback(lease)
     except Exception:

@@ -30,7 +30,7 @@ from pathlock import _deadlines as deadlines
 from pathlock import _reaper as reaper
 from pathlock import _validation as validation
 from pathlock import events
-from pathlock._aio import spawn
+from pathlock._aio import TaskHeartbeat, spawn
 from pathlock.errors import ArgumentTypeError, InvalidArgument, LeaseLost
 from pathlock.lease import Lease
 from pathlock.manager import CLOSED_WHILE_HELD, PathLockManager
@@ -222,6 +222,7 @@ class AsyncPathLockManager:
             return
         first, leases = closing
         if first and self._opened:
+            await cast(TaskHeartbeat, core._heartbeat).aclose(core.settings.close_wait)
             # Thread joins: off the loop, which their last calls may need.
             await asyncio.to_thread(core._stop_background)
         elif first:
@@ -377,7 +378,8 @@ class AsyncPathLockManager:
 
     def _on_loop(self, callback: AsyncLostCallback, lease: Lease) -> None:
         """Call (or start, for a coroutine function) ``callback`` with the
-        lease on the manager's loop; from the callback thread of the core."""
+        lease on the manager's loop (the core's callbacks run there, but a
+        loss found by a thread of the core is reported from that thread)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             log.warning("lease %s was lost after its event loop closed", lease.lease_id)

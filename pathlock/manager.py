@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from apscheduler.job import Job
     from apscheduler.schedulers.base import BaseScheduler
 
+    from pathlock._aio import TaskHeartbeat
+
 log = logging.getLogger(__name__)
 
 CLOSED_WHILE_HELD = "the PathLockManager was closed while the lease was held"
@@ -339,6 +341,25 @@ class PathLockManager:
         if self._cleanup_on_start:
             self._clean_up_node()
 
+    def _new_heartbeat(self) -> Heartbeat | TaskHeartbeat:
+        """The renewals' driver: a thread, or a task of the asyncio API's loop."""
+        renew = functools.partial(self._renew_leases, heartbeat=True)
+        if self._asynchronous:
+            from pathlock._aio import TaskHeartbeat  # noqa: PLC0415 - the async extra
+
+            return TaskHeartbeat(
+                self._loop_runner,
+                renew,
+                retry_after=self._settings.renewal_retry,
+                clock=self._settings.clock,
+            )
+        return Heartbeat(
+            renew,
+            retry_after=self._settings.renewal_retry,
+            name=f"pathlock-heartbeat-{self.node_id}",
+            clock=self._settings.clock,
+        )
+
     def _new_wakeups(self) -> LocalWakeups:
         if self._asynchronous:
             return LocalWakeups(self._loop_runner.waker)
@@ -412,12 +433,7 @@ class PathLockManager:
         )
         # Always there: it also runs the on_lost callbacks (a lease renewed
         # only by Lease.renew() can be lost too); it renews only if asked.
-        self._heartbeat = Heartbeat(
-            functools.partial(self._renew_leases, heartbeat=True),
-            retry_after=self._settings.renewal_retry,
-            name=f"pathlock-heartbeat-{self.node_id}",
-            clock=self._settings.clock,
-        )
+        self._heartbeat = self._new_heartbeat()
         self._stragglers = Stragglers(
             self._renew_stragglers,
             limit=self._settings.stragglers,

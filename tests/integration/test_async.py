@@ -9,11 +9,12 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, func, make_url, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pathlock import (
@@ -21,6 +22,7 @@ from pathlock import (
     AsyncLease,
     AsyncPathLockManager,
     InvalidArgument,
+    LeaseLost,
     LockTimeout,
     ManagerClosed,
     PathLockManager,
@@ -28,8 +30,10 @@ from pathlock import (
     Settings,
 )
 from pathlock.dialects.base import is_async
+from pathlock.schema import path_locks
 from tests.conftest import MYSQL_URL
 from tests.integration.apis import HANG
+from tests.integration.test_heartbeat import _Proxy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -229,6 +233,74 @@ def test_a_coroutine_on_lost_callback_is_awaited_on_the_loop(
             assert told is lease
             assert loop is asyncio.get_running_loop()
             assert lease.lost
+
+    run(main)
+
+
+def _expires_in(engine: Engine, lease_id: str) -> float:
+    """Seconds until the lease's rows expire, read apart from pathlock (both
+    databases run on this host, so its clock is theirs)."""
+    with engine.connect() as connection:
+        expires_at = connection.execute(
+            select(func.min(path_locks.c.expires_at)).where(path_locks.c.lease_id == lease_id)
+        ).scalar_one()
+    return (expires_at.replace(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
+
+
+def test_renewals_are_a_task_of_the_loop(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    async def main() -> None:
+        async with _manager(database_url, ttl=1.0) as manager:
+            lease = await manager.for_customer(customer_id).lock_paths("/long/job")
+            await asyncio.sleep(3.5)  # several ttls
+            lease.ensure_held()
+            await lease.verify()
+            assert _expires_in(raw_engine, lease.lease_id) > 0
+            names = [thread.name for thread in threading.enumerate()]
+            assert not [name for name in names if name.startswith("pathlock-heartbeat")]
+            await lease.release()
+
+    run(main)
+
+
+@pytest.fixture
+def proxy(mariadb_url: str) -> Iterator[_Proxy]:
+    url = make_url(mariadb_url)
+    proxy = _Proxy((url.host or "127.0.0.1", url.port or 3306))
+    yield proxy
+    proxy.cut()
+
+
+def test_a_renewal_stuck_in_the_network_does_not_delay_the_loss(
+    mariadb_url: str, customer_id: int, proxy: _Proxy
+) -> None:
+    """The renewal waits for its answer up to its call's bound (10 s); the
+    loss must be declared before the lease could expire (2 s) all the same,
+    and the loop keeps running meanwhile."""
+    through_proxy = make_url(mariadb_url).set(host="127.0.0.1", port=proxy.port)
+
+    async def main() -> None:
+        told = asyncio.Event()
+        lost_at: list[float] = []
+
+        def on_lost(_lease: AsyncLease) -> None:
+            lost_at.append(time.monotonic())
+            told.set()
+
+        manager = _manager(through_proxy, ttl=2.0, on_lost=on_lost)
+        try:
+            lease = await manager.for_customer(customer_id).lock_paths("/contested")
+            frozen_at = time.monotonic()
+            proxy.freeze()
+            await asyncio.wait_for(told.wait(), HANG)
+            assert lost_at[0] < frozen_at + lease.ttl  # before it could have expired
+            assert lease.lost
+            with pytest.raises(LeaseLost, match="not renewed"):
+                lease.ensure_held()
+        finally:
+            proxy.cut()  # the frozen connections fail now: close() need not wait for them
+            await manager.aclose()
 
     run(main)
 

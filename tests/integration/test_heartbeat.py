@@ -124,7 +124,9 @@ def test_explicit_renew_extends_and_never_resurrects(
 
 class _Proxy:
     """A TCP proxy on loopback that can cut every connection at once, like a
-    network partition between one app server and the database."""
+    network partition between one app server and the database, or freeze
+    them: they stay open and nothing gets through (a network path that
+    drops every packet)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self._target = target
@@ -133,6 +135,7 @@ class _Proxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._cut = False
+        self._frozen = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -150,11 +153,15 @@ class _Proxy:
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                sink.sendall(data)
+                if not self._frozen:
+                    sink.sendall(data)
+
+    def freeze(self) -> None:
+        """From now on, drop whatever either side sends."""
+        self._frozen = True
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones."""
