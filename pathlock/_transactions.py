@@ -546,8 +546,10 @@ def _end_transaction(connection: Connection) -> None:
         return  # the connection is gone, and the server rolled back with it
     try:
         connection.rollback()
-        driver = connection.connection.driver_connection
-        if driver is not None:
-            driver.rollback()
+        # The DB-API connection: the asyncio drivers' own rollback() is a
+        # coroutine, which SQLAlchemy's adapter awaits.
+        dbapi = connection.connection.dbapi_connection
+        if dbapi is not None:
+            dbapi.rollback()
     except Exception:  # noqa: BLE001 - any failure here: do not reuse the connection
         connection.invalidate()

@@ -15,6 +15,7 @@ rows and every other statement are real.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -26,7 +27,14 @@ import pytest
 from pymysql.connections import Connection
 from sqlalchemy import Engine, create_engine, text
 
-from pathlock import BackendError, DatabaseTimeout, LockTimeout, PathLockManager, Settings
+from pathlock import (
+    AsyncPathLockManager,
+    BackendError,
+    DatabaseTimeout,
+    LockTimeout,
+    PathLockManager,
+    Settings,
+)
 from pathlock._store import Store
 from servers import private_mariadb
 from tests.integration.conftest import PRIVATE_DATABASE
@@ -252,3 +260,39 @@ def _waiters(engine: Engine, customer_id: int) -> int:
         ).scalar_one()
         connection.rollback()
     return count
+
+
+def test_a_refused_commit_leaves_no_transaction_behind_in_the_asyncio_api(
+    mariadb_url: str, mariadb_engine: Engine, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same refusal through asyncmy: the driver's own rollback() is a
+    coroutine there, and calling it without awaiting it rolled nothing back."""
+    import asyncmy.errors  # noqa: PLC0415 - the async extra
+    from sqlalchemy.dialects.mysql.asyncmy import AsyncAdapt_asyncmy_connection  # noqa: PLC0415
+
+    commit = AsyncAdapt_asyncmy_connection.commit
+    armed = threading.Event()
+
+    def refused_commit(self: AsyncAdapt_asyncmy_connection) -> None:
+        if armed.is_set():
+            armed.clear()
+            raise asyncmy.errors.OperationalError(
+                1047, "WSREP has not yet prepared node for application use"
+            )
+        commit(self)
+
+    monkeypatch.setattr(AsyncAdapt_asyncmy_connection, "commit", refused_commit)
+
+    async def main() -> None:
+        async with AsyncPathLockManager(mariadb_url, node_id="refused", heartbeat=False) as manager:
+            locks = manager.for_customer(customer_id)
+            await (await locks.lock_paths("/warm")).release()  # one pooled connection
+            armed.set()
+            async with locks.lock_paths("/a", "/b") as lease:
+                assert _rows(mariadb_engine, customer_id) == [
+                    ("/a", lease.lease_id),
+                    ("/b", lease.lease_id),
+                ]
+            assert _rows(mariadb_engine, customer_id) == []
+
+    asyncio.run(asyncio.wait_for(main(), 60))
