@@ -1,5 +1,5 @@
 """Several statements of one transaction in one round trip (MySQL/MariaDB over
-PyMySQL).
+PyMySQL, and over asyncmy for the asyncio API).
 
 The hot path is short statements whose cost is mostly the network's round
 trip: an uncontended acquire is "write the sentinel, insert if no conflict,
@@ -11,8 +11,9 @@ The statements are the same SQLAlchemy constructs as everywhere else,
 compiled for the engine's dialect and sent as one ``COM_QUERY`` with the
 driver's own escaping of every value (nothing is formatted into the SQL by
 pathlock). That needs the connection flag ``MULTI_STATEMENTS``, which the
-engines pathlock creates set (:func:`allow_batches`); on any other connection
-:func:`supports_batches` is false and the store sends the statements one by one.
+engines pathlock creates set for PyMySQL (:func:`allow_batches`) and asyncmy
+always sets; on any other connection :func:`supports_batches` is false and the
+store sends the statements one by one.
 The server stops at the first statement that fails, and the error is raised
 here as the :class:`~sqlalchemy.exc.DBAPIError` SQLAlchemy would have raised
 (a lost connection is invalidated, so it never goes back to the pool).
@@ -54,11 +55,16 @@ def allow_batches(engine: Engine) -> None:
     event.listen(engine, "do_connect", connect)
 
 
+# Where each driver's connection keeps the flags it connected with.
+_FLAGS = {"pymysql": "client_flag", "asyncmy": "_client_flag"}
+
+
 def supports_batches(connection: Connection) -> bool:
     """Whether ``connection`` takes several statements per query."""
-    if connection.dialect.driver != "pymysql":
+    attribute = _FLAGS.get(connection.dialect.driver)
+    if attribute is None:
         return False
-    flags = getattr(connection.connection.driver_connection, "client_flag", 0)
+    flags = getattr(connection.connection.driver_connection, attribute, 0)
     return bool(flags & MULTI_STATEMENTS)
 
 
@@ -80,7 +86,8 @@ def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]
     Parameters of the same name must have the same value in every step."""
     dialect = connection.dialect
     parts: list[str] = []
-    parameters: dict[str, Any] = {}
+    named: dict[str, Any] = {}
+    positional: list[Any] = []  # asyncmy's paramstyle: %s, in order
     for statement, values in steps:
         compiled = _compiled(statement, dialect)
         if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only
@@ -88,9 +95,12 @@ def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]
         state = compiled.construct_expanded_state(values)
         parts.append(state.statement)
         for name, value in state.parameters.items():
-            if parameters.setdefault(name, value) != value:
+            if named.setdefault(name, value) != value:
                 raise ValueError(f"parameter {name!r} differs between batched statements")
+        if dialect.positional:
+            positional.extend(state.positional_parameters)
     sql = ";\n".join(parts)
+    parameters: Any = tuple(positional) if dialect.positional else named
     if not connection.in_transaction():
         connection.begin()
     proxied = connection.connection
@@ -99,7 +109,10 @@ def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]
     try:
         cursor.execute(sql, parameters)
         replies = [Reply(cursor.rowcount, cursor.lastrowid)]
-        while cursor.nextset():
+        # One result per statement, or the error of the one that failed
+        # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
+        for _ in steps[1:]:
+            cursor.nextset()
             replies.append(Reply(cursor.rowcount, cursor.lastrowid))
     except error_class as error:
         lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
@@ -113,6 +126,4 @@ def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]
         # be gone by then.
         with contextlib.suppress(error_class):
             cursor.close()
-    if len(replies) != len(steps):  # pragma: no cover - the server answers every statement
-        raise RuntimeError(f"{len(steps)} statements sent, {len(replies)} replies")
     return replies
