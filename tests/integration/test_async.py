@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, make_url, select, text
+from sqlalchemy import Connection, Engine, create_engine, func, make_url, select, text
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pathlock import (
@@ -29,6 +30,8 @@ from pathlock import (
     SchemaMismatch,
     Settings,
 )
+from pathlock import _batch as batch
+from pathlock._aio import spawn
 from pathlock.dialects.base import is_async
 from pathlock.schema import path_locks
 from tests.conftest import MYSQL_URL
@@ -455,3 +458,38 @@ def test_a_schema_at_another_revision_is_refused_on_entry(customer_id: int) -> N
         with server.begin() as connection:
             connection.exec_driver_sql(f"DROP DATABASE `{name}`")
         server.dispose()
+
+
+def test_statements_are_batched_over_asyncmy_too(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grant's and a release's statements go in one round trip each, as
+    over PyMySQL; a statement that fails in the middle of a batch raises the
+    error SQLAlchemy would have raised."""
+    batches: list[int] = []
+    run_batch = batch.run
+
+    def counted(connection: Connection, steps: Any) -> list[batch.Reply]:
+        batches.append(len(steps))
+        return run_batch(connection, steps)
+
+    monkeypatch.setattr(batch, "run", counted)
+
+    def failing(engine: Engine) -> None:
+        with engine.connect() as connection:
+            assert batch.supports_batches(connection)
+            steps = [(text("DO 1"), {}), (text("SELECT * FROM no_such_table"), {})]
+            with pytest.raises(ProgrammingError, match="1146"):
+                run_batch(connection, steps)
+
+    async def main() -> None:
+        async with _manager(mariadb_url, heartbeat=False) as manager:
+            locks = manager.for_customer(customer_id)
+            lease = await locks.lock_paths("/a/b", shared=["/c"])
+            assert await locks.try_lock_paths("/a") is None
+            await lease.release()
+            assert await locks.list_locks() == []
+            await spawn(failing, manager._core.engine)
+
+    run(main)
+    assert batches == [2, 2, 2]  # the grant, the denied try, the release
