@@ -74,21 +74,27 @@ class InDoubt:
     def __contains__(self, lease_id: object) -> bool:
         return lease_id in self._entries
 
-    def settle(self) -> bool:
-        """Try to delete the rows of every lease in doubt, once each; True
-        when none is left. Database errors are logged, not raised."""
+    def settle(self, *, first: str | None = None) -> bool:
+        """Try to delete the rows of every lease in doubt, once each, ``first``
+        first; True when none is left. The first database error ends the
+        pass (the others would most likely meet it too, each after its own
+        retries): it is logged, not raised, and the rest wait for the next."""
         with self._lock:
-            entries = list(self._entries.items())
-        for lease_id, entry in entries:
+            entries = sorted(self._entries.items(), key=lambda item: item[0] != first)
+        for done, (lease_id, entry) in enumerate(entries):
             if time.monotonic() >= entry.gone_by:
                 self.discard(lease_id)  # expired long ago: nothing left to block anyone
                 continue
             try:
                 self._release(entry.customer_id, lease_id)
             except PathLockError as error:
-                log.warning("could not yet release lease %s left in doubt: %s", lease_id, error)
-            else:
-                self.discard(lease_id)
+                log.warning(
+                    "could not yet release %d lease(s) left in doubt: %s",
+                    len(entries) - done,
+                    error,
+                )
+                break
+            self.discard(lease_id)
         return not self._entries
 
     def settle_soon(self) -> None:

@@ -866,7 +866,7 @@ class PathLockManager:
             # Briefly: the caller is on its way out (an interrupt, a close).
             settled = deadlines.within(
                 time.monotonic() + self._settings.resolve_time,
-                lambda _limit: self._in_doubt.settle(),
+                lambda _limit: self._in_doubt.settle(first=lease_id),
             )
         finally:
             if not settled:
