@@ -489,13 +489,11 @@ def _versus_meaning(figures: dict[str, VersusFigures], ratios: dict[str, float],
     return text + (
         "Both APIs run the same code and the same SQL; the asyncio API adds the "
         "event loop's work around each database call (a request and a release each run in a "
-        "task of the manager's own, and every call into the driver goes through the loop). "
-        "On MySQL and MariaDB the synchronous API, over PyMySQL, also sends the first two "
-        "statements of an acquire and of a release in one round trip; over asyncmy they go "
-        "one by one, six round trips instead of four. aiosqlite runs SQLite on a thread of "
-        "its own, and every call of the driver (cursor, execute, fetch, close, commit) is a "
-        "hand-off to that thread and back to the loop, where the synchronous driver calls "
-        "SQLite directly."
+        "task of the manager's own, and every call into the driver goes through the loop); "
+        "both send the same four round trips to MySQL and MariaDB. aiosqlite runs SQLite on "
+        "a thread of its own, and every call of the driver (cursor, execute, fetch, close, "
+        "commit, the pool's rollback) is a hand-off to that thread and back to the loop, "
+        "where the synchronous driver calls SQLite directly."
     )
 
 
