@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from collections.abc import Iterator
 
 import pymysql
 import pytest
+from sqlalchemy import make_url
 
 from pathlock import migrate
 from servers import galera_cluster, private_mariadb
@@ -84,3 +88,63 @@ def _make_healthy(cluster: galera_cluster.GaleraCluster) -> None:
         _create_cluster_database(cluster)
     if seconds >= 1:
         print(f"cluster repaired in {seconds:.1f} s")
+
+
+class TcpProxy:
+    """A TCP proxy on loopback that can cut every connection at once, like a
+    network partition between one app server and the database, or freeze
+    them: they stay open and nothing gets through (a network path that
+    drops every packet)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        self._frozen = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    continue
+                upstream = socket.create_connection(self._target)
+                self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if not self._frozen:
+                    sink.sendall(data)
+
+    def freeze(self) -> None:
+        """From now on, drop whatever either side sends."""
+        self._frozen = True
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            self._listener.close()
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+
+@pytest.fixture
+def proxy(mariadb_url: str) -> Iterator[TcpProxy]:
+    url = make_url(mariadb_url)
+    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 3306))
+    yield proxy
+    proxy.cut()

@@ -9,7 +9,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -36,7 +36,7 @@ from pathlock.dialects.base import is_async
 from pathlock.schema import path_locks
 from tests.conftest import MYSQL_URL
 from tests.integration.apis import HANG
-from tests.integration.test_heartbeat import _Proxy
+from tests.integration.conftest import TcpProxy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -267,16 +267,8 @@ def test_renewals_are_a_task_of_the_loop(
     run(main)
 
 
-@pytest.fixture
-def proxy(mariadb_url: str) -> Iterator[_Proxy]:
-    url = make_url(mariadb_url)
-    proxy = _Proxy((url.host or "127.0.0.1", url.port or 3306))
-    yield proxy
-    proxy.cut()
-
-
 def test_a_renewal_stuck_in_the_network_does_not_delay_the_loss(
-    mariadb_url: str, customer_id: int, proxy: _Proxy
+    mariadb_url: str, customer_id: int, proxy: TcpProxy
 ) -> None:
     """The renewal waits for its answer up to its call's bound (10 s); the
     loss must be declared before the lease could expire (2 s) all the same,

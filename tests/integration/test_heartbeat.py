@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +11,7 @@ from sqlalchemy import Engine, func, make_url, select, text
 
 from pathlock import CustomerLocks, Lease, LeaseLost, PathLockManager
 from pathlock.schema import path_locks
+from tests.integration.conftest import TcpProxy
 
 
 def _delete_rows(engine: Engine, lease: Lease) -> None:
@@ -122,68 +120,8 @@ def test_explicit_renew_extends_and_never_resurrects(
         assert _expires_in(raw_engine, short) < 0
 
 
-class _Proxy:
-    """A TCP proxy on loopback that can cut every connection at once, like a
-    network partition between one app server and the database, or freeze
-    them: they stay open and nothing gets through (a network path that
-    drops every packet)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._cut = False
-        self._frozen = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._cut:
-                    client.close()
-                    continue
-                upstream = socket.create_connection(self._target)
-                self._sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if not self._frozen:
-                    sink.sendall(data)
-
-    def freeze(self) -> None:
-        """From now on, drop whatever either side sends."""
-        self._frozen = True
-
-    def cut(self) -> None:
-        """Drop every connection and refuse new ones."""
-        with self._lock:
-            self._cut = True
-            self._listener.close()
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-
-
-@pytest.fixture
-def proxy(mariadb_url: str) -> Iterator[_Proxy]:
-    url = make_url(mariadb_url)
-    proxy = _Proxy((url.host or "127.0.0.1", url.port or 3306))
-    yield proxy
-    proxy.cut()
-
-
 def test_unreachable_database_loses_the_lease_before_anyone_else_gets_it(
-    mariadb_url: str, customer_id: int, proxy: _Proxy
+    mariadb_url: str, customer_id: int, proxy: TcpProxy
 ) -> None:
     through_proxy = make_url(mariadb_url).set(host="127.0.0.1", port=proxy.port)
     lost_at: list[float] = []
