@@ -67,10 +67,15 @@ def within(ends: float, function: Callable[[Limit], T]) -> T:
 
 
 def _run_within(ends: float, function: Callable[[Limit], T]) -> T:
-    outer = _current.get()
-    inner = Limit(ends if outer is None else min(ends, outer.ends))
+    inner = _nested(ends)
     _current.set(inner)  # in the copied context: nothing to reset
     return function(inner)
+
+
+def _nested(ends: float) -> Limit:
+    """A limit that ends by ``ends``, or by the one in force if that is earlier."""
+    outer = _current.get()
+    return Limit(ends if outer is None else min(ends, outer.ends))
 
 
 @asynccontextmanager
@@ -78,8 +83,7 @@ async def limit(ends: float) -> AsyncIterator[Limit]:
     """:func:`within` for a coroutine's block: in a coroutine an exception
     arrives only at an ``await``, never between the ``set()`` and the
     ``try``, so a reset in ``finally`` always runs."""
-    outer = _current.get()
-    inner = Limit(ends if outer is None else min(ends, outer.ends))
+    inner = _nested(ends)
     token = _current.set(inner)
     try:
         yield inner
