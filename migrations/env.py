@@ -20,6 +20,7 @@ from alembic.runtime.environment import NameFilterParentNames, NameFilterType
 from alembic.util import CommandError
 from sqlalchemy import create_engine, pool
 
+import pathlock.dialects
 import pathlock.schema
 
 URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
@@ -89,9 +90,12 @@ def run_migrations_online() -> None:
     """Run the migrations on the connection handed over, else on one of their own."""
     handed_over = config.attributes.get("connection")
     if handed_over is not None:
-        # SQLite runs DDL in transactions: the whole upgrade is one, so
-        # processes that open a new database file at once upgrade it once.
-        _configure(connection=handed_over, transactional_ddl=handed_over.dialect.name == "sqlite")
+        # Where the family says so (SQLite), the whole upgrade is one
+        # transaction, so processes that open a new database at once upgrade
+        # it once. (A family's attribute, not DDL: no revision reads it.)
+        family = pathlock.dialects.family(handed_over.dialect.name)
+        transactional = family is not None and family.transactional_ddl
+        _configure(connection=handed_over, transactional_ddl=transactional)
         with context.begin_transaction():
             context.run_migrations()
         return

@@ -1,5 +1,5 @@
-"""Several statements of one transaction in one round trip (MySQL/MariaDB over
-PyMySQL, and over asyncmy for the asyncio API).
+"""Several statements of one transaction in one round trip, on the
+connections whose database family can take them (MySQL and MariaDB's).
 
 The hot path is short statements whose cost is mostly the network's round
 trip: an uncontended acquire is "write the sentinel, insert if no conflict,
@@ -8,12 +8,13 @@ that is six round trips for an acquire + release; with the first two
 statements of each sent together, four, as many as two plain commits need.
 
 The statements are the same SQLAlchemy constructs as everywhere else,
-compiled for the engine's dialect and sent as one ``COM_QUERY`` with the
-driver's own escaping of every value (nothing is formatted into the SQL by
-pathlock). That needs the connection flag ``MULTI_STATEMENTS``, which the
-engines pathlock creates set for PyMySQL (:func:`allow_batches`) and asyncmy
-always sets; on any other connection :func:`supports_batches` is false and the
-store sends the statements one by one.
+compiled for the engine's dialect and sent as one query with the driver's own
+escaping of every value (nothing is formatted into the SQL by pathlock). Only
+a connection that takes several statements per query can; which ones do is
+the database family's to say (:meth:`Dialect.can_batch
+<pathlock.dialects.base.Dialect.can_batch>`, and ``enable_batches()`` for the
+engines pathlock creates: see :mod:`pathlock.dialects.mysql`). On any other
+connection the store sends the statements one by one.
 The server stops at the first statement that fails, and the error is raised
 here as the :class:`~sqlalchemy.exc.DBAPIError` SQLAlchemy would have raised
 (a lost connection is invalidated, so it never goes back to the pool).
@@ -26,14 +27,13 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled, SQLCompiler
 from sqlalchemy.sql.expression import Executable
 
-# pymysql.constants.CLIENT.MULTI_STATEMENTS: the protocol's capability bit.
-MULTI_STATEMENTS = 1 << 16
+from pathlock import dialects
 
 
 class Reply(NamedTuple):
@@ -43,29 +43,12 @@ class Reply(NamedTuple):
     lastrowid: int
 
 
-def allow_batches(engine: Engine) -> None:
-    """Let the connections of ``engine`` (one pathlock created) take several
-    statements per query. PyMySQL only; other drivers are left as they are."""
-    if engine.dialect.driver != "pymysql":
-        return
-
-    def connect(_dialect: Dialect, _record: object, _args: object, options: dict[str, Any]) -> None:
-        options["client_flag"] = options.get("client_flag", 0) | MULTI_STATEMENTS
-
-    event.listen(engine, "do_connect", connect)
-
-
-# Where each driver's connection keeps the flags it connected with.
-_FLAGS = {"pymysql": "client_flag", "asyncmy": "_client_flag"}
-
-
 def supports_batches(connection: Connection) -> bool:
-    """Whether ``connection`` takes several statements per query."""
-    attribute = _FLAGS.get(connection.dialect.driver)
-    if attribute is None:
-        return False
-    flags = getattr(connection.connection.driver_connection, attribute, 0)
-    return bool(flags & MULTI_STATEMENTS)
+    """Whether ``connection`` takes several statements per query: its
+    family's answer (:meth:`Dialect.can_batch
+    <pathlock.dialects.base.Dialect.can_batch>`, which the store asks
+    itself), for code that holds a connection and no dialect."""
+    return dialects.for_name(connection.dialect.name).can_batch(connection)
 
 
 @functools.lru_cache(maxsize=512)
@@ -87,7 +70,7 @@ def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]
     dialect = connection.dialect
     parts: list[str] = []
     named: dict[str, Any] = {}
-    positional: list[Any] = []  # asyncmy's paramstyle: %s, in order
+    positional: list[Any] = []  # for a positional paramstyle (%s): in order
     for statement, values in steps:
         compiled = _compiled(statement, dialect)
         if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only

@@ -36,12 +36,16 @@ if TYPE_CHECKING:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import FetchedValue
 
-REVISION = "0005"
-"""The Alembic revision these tables correspond to (a test checks it is the
-newest one shipped): lets a SQLite database be checked without loading Alembic."""
+# A new revision in migrations/versions/ is added here too. The ids are not
+# read from that directory when pathlock is imported: on a server the library
+# never loads its migrations (a DBA runs them), so it runs today where they
+# are not files it could read (a zip, a frozen application, .pyc only).
 REVISIONS = ("0001", "0002", "0003", "0004", "0005")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
+REVISION = REVISIONS[-1]
+"""The Alembic revision these tables correspond to, the newest one shipped:
+lets a SQLite database be checked without loading Alembic."""
 VERSION_TABLE = "pathlock_alembic_version"
 
 # Deterministic constraint names, so migrations can refer to them.

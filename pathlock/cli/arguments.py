@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from importlib import metadata
 from typing import NoReturn
 
 from pathlock import _reaper as reaper
 from pathlock import _validation as validation
-from pathlock import bench
+from pathlock import bench, dialects
 from pathlock._backends import CONFIG_ENV_VAR, SYSTEM_CONFIG, URL_ENV_VAR, default_sqlite_path
 from pathlock.cli.runner import (
     EXIT_FAILURE,
@@ -123,13 +124,13 @@ at once) until SIGTERM or SIGINT, then exits 0. Any number of nodes may reap
 at once.
 """
 
+# {notes}: filled in by _add_db(), with the databases pathlock runs on.
 DB_UPGRADE_EPILOG = """\
 examples:
   pathlock db upgrade --database-url mysql+pymysql://admin@db-host/app
   pathlock db upgrade --sql --dialect mariadb > pathlock.sql
 
-With --sql nothing connects: --dialect (mysql, mariadb or sqlite), else the
-URL's dialect, says which server the SQL is for.
+{notes}
 """
 
 DB_EPILOG = """\
@@ -141,10 +142,25 @@ examples:
   pathlock db stamp 0005                  # tables made by hand: record their revision
   pathlock db downgrade 0004
 
-`db check` exits 0 when the database is at the newest revision this pathlock
-ships, 1 otherwise. With --sql nothing connects: --dialect (mysql, mariadb or
-sqlite), else the URL's dialect, says which server the SQL is for.
+{notes}
 """
+
+DB_CHECK_NOTE = (
+    "`db check` exits 0 when the database is at the newest revision this pathlock ships, "
+    "1 otherwise."
+)
+
+
+def _sql_note() -> str:
+    """What --dialect does, naming the databases pathlock runs on: those of
+    every registered family."""
+    *others, last = dialects.SUPPORTED
+    one_of = f"{', '.join(others)} or {last}" if others else last
+    return (
+        f"With --sql nothing connects: --dialect ({one_of}), else the URL's dialect, "
+        "says which server the SQL is for."
+    )
+
 
 BENCH_EPILOG = (
     f"""\
@@ -427,11 +443,14 @@ def _add_reaper(subparsers: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    sql_note = _sql_note()
+    db_epilog = DB_EPILOG.format(notes=textwrap.fill(f"{DB_CHECK_NOTE} {sql_note}", width=78))
+    upgrade_epilog = DB_UPGRADE_EPILOG.format(notes=textwrap.fill(sql_note, width=78))
     db = subparsers.add_parser(
         "db",
         help="manage pathlock's tables",
         description="Manage pathlock's tables.",
-        epilog=DB_EPILOG,
+        epilog=db_epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = db.add_subparsers(title="actions", required=True, metavar="ACTION")
@@ -454,7 +473,7 @@ def _add_db(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         ),
     )
     for action, summary, sql, revision in specs:
-        epilog = DB_UPGRADE_EPILOG if action == "upgrade" else DB_EPILOG
+        epilog = upgrade_epilog if action == "upgrade" else db_epilog
         parser = _subcommand(actions, action, summary=summary, epilog=epilog)
         parser.set_defaults(subcommand=f"db {action}")
         if sql:
@@ -471,7 +490,7 @@ def _sql_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
     parser.add_argument(
         "--dialect",
-        choices=("mysql", "mariadb", "sqlite"),
+        choices=dialects.SUPPORTED,
         help="with --sql: the server the SQL is for (default: that of --database-url); "
         "MySQL and MariaDB need different collations",
     )

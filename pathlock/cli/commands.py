@@ -209,21 +209,6 @@ def _reaper(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# What --sql --dialect prints for: a URL without a server, for the dialect alone.
-_DIALECT_URLS = {
-    "mysql": "mysql+pymysql://",
-    "mariadb": "mariadb+pymysql://",
-    "sqlite": "sqlite://",
-}
-_SQL_HEADERS = {
-    "mysql": "-- pathlock's tables, for MySQL 8.0 and later. For MariaDB, print them with\n"
-    "-- --dialect mariadb (or a mariadb+pymysql:// URL): the collations differ.",
-    "mariadb": "-- pathlock's tables, for MariaDB. For MySQL 8.0, print them with --dialect mysql\n"
-    "-- (or a mysql+pymysql:// URL): the collations differ.",
-    "sqlite": "-- pathlock's tables, for SQLite.",
-}
-
-
 def _sql_url(args: argparse.Namespace) -> str:
     """The URL whose dialect --sql prints for, after printing which server
     that is: --dialect, else --database-url or $PATHLOCK_DATABASE_URL; the
@@ -231,12 +216,13 @@ def _sql_url(args: argparse.Namespace) -> str:
     url = _first_url(args) or os.environ.get(URL_ENV_VAR)
     usage_error: Callable[[str], NoReturn] = args.usage_error
     if args.dialect is not None:
-        dialect, url = args.dialect, _DIALECT_URLS[args.dialect]
+        # A URL without a server, for the dialect alone.
+        dialect, url = args.dialect, dialects.for_name(args.dialect).offline_url(args.dialect)
     elif url is None:
         usage_error("--sql needs --dialect or --database-url: which server is the SQL for?")
     else:
         dialect = make_url(url).get_backend_name()
-    _write(_SQL_HEADERS.get(dialect, f"-- pathlock's tables, for {dialect}."))
+    _write(dialects.sql_header(dialect))
     return url
 
 

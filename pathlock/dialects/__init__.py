@@ -5,6 +5,12 @@ name SQLAlchemy gives the engine's dialect.
 - :mod:`pathlock.dialects.mysql`: MySQL and MariaDB, Galera clusters included;
 - :mod:`pathlock.dialects.sqlite`: the embedded SQLite file.
 
+A family is a module of this package whose :class:`Dialect` subclass sets its
+``names``: defining the class registers it, and importing this package imports
+every module of it. Everything here (:func:`for_name`, :data:`SUPPORTED`, the
+merged table options, the command line's ``--dialect`` choices) reads that
+registry; no list of families is kept anywhere else.
+
 A dialect says how the database spells "now" and "now + n microseconds",
 whether the sentinel write's reply carries the fencing token, how an INSERT
 skips an existing key, which errors mean "try again", "lost a race", "this
@@ -19,65 +25,104 @@ revision spells its own (migrations never change once shipped).
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Insert, Select, Table, insert
 from sqlalchemy.types import TypeEngine
 
-from pathlock.dialects.base import ISOLATION_LEVEL, READ_ONLY, Dialect, Fenced, Now, NowPlus
-from pathlock.dialects.mysql import MySQL
-from pathlock.dialects.sqlite import SQLite
+from pathlock.dialects.base import (
+    ISOLATION_LEVEL,
+    READ_ONLY,
+    Dialect,
+    Fenced,
+    Now,
+    NowPlus,
+    families,
+    family,
+)
 from pathlock.errors import InvalidArgument
 
-_FAMILIES: tuple[Dialect, ...] = (MySQL(), SQLite())
-_BY_NAME = {name: family for family in _FAMILIES for name in family.names}
-SUPPORTED = tuple(_BY_NAME)
-"""SQLAlchemy dialect names pathlock runs on."""
+
+def _import_families() -> None:
+    """Import every public module of this package: the families they define
+    register themselves (:class:`Dialect`), so a new family is a new module
+    here, and nothing in this file names it. Before any table is defined
+    (:mod:`pathlock.schema` merges every family's options), so a family's
+    module must import nothing that is not installed with pathlock (its
+    driver is imported when an engine is created)."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_families()
+
+# The package's families by their class names, as before they registered
+# themselves; a new family need not be added here.
+from pathlock.dialects.mysql import MySQL  # noqa: E402
+from pathlock.dialects.sqlite import SQLite  # noqa: E402
+
+
+def names() -> tuple[str, ...]:
+    """SQLAlchemy dialect names pathlock runs on: every registered family's."""
+    return tuple(name for each in families() for name in each.names)
+
+
+if TYPE_CHECKING:
+    SUPPORTED: tuple[str, ...]
+    """SQLAlchemy dialect names pathlock runs on (:func:`names`, read when
+    asked: a family registered later is in it)."""
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "SUPPORTED":
+            return names()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def insert_if_absent(table: Table) -> Insert:
     """An INSERT into ``table`` that skips a row whose key exists, spelled for
     every family."""
     statement = insert(table)
-    for family in _FAMILIES:
-        for name in family.names:
-            statement = statement.prefix_with(family.insert_if_absent, dialect=name)
+    for each in families():
+        for name in each.names:
+            statement = statement.prefix_with(each.insert_if_absent, dialect=name)
     return statement
 
 
 def table_options() -> dict[str, Any]:
     """Keyword arguments of every pathlock table, for every family."""
-    return {key: value for family in _FAMILIES for key, value in family.table_options.items()}
+    return {key: value for each in families() for key, value in each.table_options.items()}
 
 
 def path_index_options() -> dict[str, Any]:
     """Keyword arguments of the path index, for every family."""
-    return {key: value for family in _FAMILIES for key, value in family.path_index_options.items()}
+    return {key: value for each in families() for key, value in each.path_index_options.items()}
 
 
 def never_reused_options() -> dict[str, Any]:
     """Keyword arguments of a table whose keys are never handed out twice."""
-    return {
-        key: value for family in _FAMILIES for key, value in family.never_reused_options.items()
-    }
+    return {key: value for each in families() for key, value in each.never_reused_options.items()}
 
 
 def column_type(kind: str, portable: TypeEngine[Any]) -> TypeEngine[Any]:
     """``portable``, with each family's own type for columns of ``kind``."""
-    for family in _FAMILIES:
-        own = family.column_types.get(kind)
+    for each in families():
+        own = each.column_types.get(kind)
         if own is not None:
-            portable = portable.with_variant(own, *family.names)
+            portable = portable.with_variant(own, *each.names)
     return portable
 
 
 def force_index(statement: Select[Any], table: Table, index: str) -> Select[Any]:
     """``statement`` made to use ``index`` of ``table``, on every family that
     can be told (:attr:`Dialect.index_hint`)."""
-    for family in _FAMILIES:
-        if family.index_hint is not None:
-            hint = family.index_hint.format(index=index)
-            for name in family.names:
+    for each in families():
+        if each.index_hint is not None:
+            hint = each.index_hint.format(index=index)
+            for name in each.names:
                 statement = statement.with_hint(table, hint, name)
     return statement
 
@@ -85,12 +130,20 @@ def force_index(statement: Select[Any], table: Table, index: str) -> Select[Any]
 def for_name(name: str) -> Dialect:
     """The dialect of SQLAlchemy's dialect ``name``; :class:`InvalidArgument`
     for a database pathlock has no SQL for."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise InvalidArgument(
-            f"unsupported database {name!r}: pathlock runs on MySQL, MariaDB and SQLite"
-        ) from None
+    found = family(name)
+    if found is None:
+        known = names()
+        runs_on = ", ".join(known[:-1]) + " and " + known[-1] if len(known) > 1 else known[0]
+        raise InvalidArgument(f"unsupported database {name!r}: pathlock runs on {runs_on}")
+    return found
+
+
+def sql_header(name: str) -> str:
+    """The first line(s) of the SQL printed for SQLAlchemy's dialect ``name``
+    (``pathlock db upgrade --sql``): its family's :meth:`Dialect.sql_header`,
+    or the base class's for a database no family claims (the migrations print
+    portable SQL for it)."""
+    return (family(name) or Dialect()).sql_header(name)
 
 
 __all__ = [
@@ -104,10 +157,14 @@ __all__ = [
     "NowPlus",
     "SQLite",
     "column_type",
+    "families",
+    "family",
     "for_name",
     "force_index",
     "insert_if_absent",
+    "names",
     "never_reused_options",
     "path_index_options",
+    "sql_header",
     "table_options",
 ]

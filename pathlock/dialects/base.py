@@ -3,8 +3,10 @@ whose spelling differs between them (each family's module compiles them)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sqlalchemy import URL, BigInteger, Connection, DateTime, Engine, create_engine
 from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
@@ -60,15 +62,39 @@ def _unspelled(element: FunctionElement[Any], compiler: Any, **_kw: Any) -> str:
     )
 
 
+# What a family must set: the class attributes without a default.
+_NO_DEFAULT = ("token_from_reply", "insert_if_absent")
+
+# Every registered family, by each of its names: filled by Dialect's
+# __init_subclass__, read through family() and families().
+_by_name: dict[str, Dialect] = {}
+
+
+def family(name: str) -> Dialect | None:
+    """The registered family of SQLAlchemy's dialect ``name``, if any."""
+    return _by_name.get(name)
+
+
+def families() -> tuple[Dialect, ...]:
+    """Every registered family once, in the order they registered."""
+    return tuple(dict.fromkeys(_by_name.values()))
+
+
 class Dialect:
     """What pathlock needs to know about one family of databases. One
     instance per family serves every engine of it (it keeps no state).
+
+    A subclass that sets :attr:`names` is a family: defining it registers it
+    (one instance, found by each of its names), as Alembic's ``DefaultImpl``
+    subclasses register by their ``__dialect__``. A subclass without
+    ``names`` of its own is a base for families and registers nothing.
 
     The SQL constructs above are compiled by each family's module (with
     SQLAlchemy's ``@compiles``), so statements are written once."""
 
     names: ClassVar[tuple[str, ...]]
-    """SQLAlchemy's dialect names of the family (``engine.dialect.name``)."""
+    """SQLAlchemy's dialect names of the family (``engine.dialect.name``):
+    setting them registers the family."""
 
     token_from_reply: ClassVar[bool]
     """Whether the sentinel write's reply carries the new version
@@ -114,6 +140,55 @@ class Dialect:
     async_driver: ClassVar[str | None] = None
     """The asyncio driver the asyncio API (:class:`AsyncPathLockManager`) uses
     for this family: a URL naming another driver is read with this one."""
+
+    async_drivers: ClassVar[frozenset[str]] = frozenset()
+    """Every asyncio driver a URL of the family may name, :attr:`async_driver`
+    among them: such a URL is opened as an asyncio engine, which serves the
+    asyncio API only (:data:`ASYNC_DRIVERS` is every family's)."""
+
+    transactional_ddl: ClassVar[bool] = False
+    """Whether the migrations run as one transaction on a connection pathlock
+    hands them (the upgrade of a database it opens, :attr:`upgrades_on_open`):
+    processes that open a new database at once then upgrade it once."""
+
+    async_on_threads: ClassVar[bool] = False
+    """Whether the asyncio API reaches this family through its synchronous
+    driver, each transaction run whole on a worker thread, unless the URL
+    names the asyncio driver. For an embedded database, whose driver calls
+    are quick and many, that costs one hand-off between the loop and a
+    thread per transaction, where an asyncio driver costs one per call."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "names" not in vars(cls):
+            return  # a base for families, not a family
+        if not cls.names or not all(isinstance(name, str) and name for name in cls.names):
+            raise TypeError(f"{cls.__qualname__}.names must be SQLAlchemy dialect names")
+        unset = [member for member in _NO_DEFAULT if not hasattr(cls, member)]
+        if unset:
+            raise TypeError(f"{cls.__qualname__} must set {' and '.join(unset)}: no default")
+        if cls.async_driver is not None and cls.async_driver not in cls.async_drivers:
+            raise TypeError(f"{cls.__qualname__}.async_drivers must hold its async_driver")
+        taken = {name: _by_name[name] for name in cls.names if name in _by_name}
+        if taken:
+            raise ValueError(
+                f"{cls.__qualname__} claims {', '.join(map(repr, taken))}, which "
+                f"{type(next(iter(taken.values()))).__qualname__} has registered already"
+            )
+        instance = cls()
+        for name in cls.names:
+            _by_name[name] = instance
+
+    def offline_url(self, name: str) -> str:
+        """A URL without a server for SQLAlchemy's dialect ``name`` of the
+        family: ``pathlock db upgrade --sql --dialect NAME`` prints the SQL
+        for it. By default the bare name (SQLAlchemy's default driver)."""
+        return f"{name}://"
+
+    def sql_header(self, name: str) -> str:
+        """The first line(s) of the SQL printed for ``name`` (``--sql``): an
+        SQL comment that says which server it is for."""
+        return f"-- pathlock's tables, for {name}."
 
     def async_url(self, url: URL) -> URL:
         """``url`` with the family's asyncio driver (``mysql+pymysql://`` ->
@@ -212,8 +287,36 @@ class Dialect:
         return False
 
 
-ASYNC_DRIVERS = frozenset({"asyncmy", "aiomysql", "aiosqlite"})
-"""Drivers that speak asyncio: their engines serve the asyncio API only."""
+_T = TypeVar("_T")
+
+
+class _AsyncDrivers(AbstractSet[str]):
+    """The asyncio drivers of every registered family, read when asked."""
+
+    @staticmethod
+    def _now() -> frozenset[str]:
+        return frozenset(driver for family in families() for driver in family.async_drivers)
+
+    @classmethod
+    def _from_iterable(cls, items: Iterable[_T]) -> frozenset[_T]:
+        return frozenset(items)  # what "|", "&" and "-" make: a plain frozenset
+
+    def __contains__(self, driver: object) -> bool:
+        return driver in self._now()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __repr__(self) -> str:
+        return f"ASYNC_DRIVERS{set(self._now())!r}"
+
+
+ASYNC_DRIVERS: AbstractSet[str] = _AsyncDrivers()
+"""Drivers that speak asyncio (every family's :attr:`Dialect.async_drivers`):
+their engines serve the asyncio API only."""
 
 
 def is_async(engine: Engine) -> bool:

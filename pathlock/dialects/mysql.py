@@ -14,7 +14,6 @@ from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.types import TypeEngine
 
-from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
 from pathlock.dialects.base import ISOLATION_LEVEL, Dialect, Fenced, Now, NowPlus, new_engine
@@ -68,6 +67,20 @@ PATH_INDEX_PREFIX = 700
 
 _NAMES = ("mysql", "mariadb")
 
+# The first lines of the SQL `pathlock db upgrade --sql` prints for each name.
+_SQL_HEADERS = {
+    "mysql": "-- pathlock's tables, for MySQL 8.0 and later. For MariaDB, print them with\n"
+    "-- --dialect mariadb (or a mariadb+pymysql:// URL): the collations differ.",
+    "mariadb": "-- pathlock's tables, for MariaDB. For MySQL 8.0, print them with --dialect mysql\n"
+    "-- (or a mysql+pymysql:// URL): the collations differ.",
+}
+
+# Several statements per query (pathlock._batch) need the connection flag
+# pymysql.constants.CLIENT.MULTI_STATEMENTS, the protocol's capability bit.
+MULTI_STATEMENTS = 1 << 16
+# Where each driver's connection keeps the flags it connected with.
+_FLAGS = {"pymysql": "client_flag", "asyncmy": "_client_flag"}
+
 
 def _both(**options: Any) -> dict[str, Any]:
     """``options`` for both dialect names: SQLAlchemy's "mariadb" dialect (a
@@ -107,6 +120,7 @@ class MySQL(Dialect):
     token_from_reply = True
     insert_if_absent = "IGNORE"
     async_driver = "asyncmy"
+    async_drivers = frozenset({"asyncmy", "aiomysql"})
     several_nodes = True
     index_hint = "FORCE INDEX ({index})"
     table_options: ClassVar[dict[str, Any]] = _both(
@@ -124,6 +138,12 @@ class MySQL(Dialect):
         if getattr(dialect, "is_mariadb", False):
             return version >= (10, 6)
         return version >= (8, 0, 1)
+
+    def offline_url(self, name: str) -> str:
+        return f"{name}+pymysql://"
+
+    def sql_header(self, name: str) -> str:
+        return _SQL_HEADERS[name]
 
     def server_version(self, connection: Connection) -> str:
         version = str(connection.exec_driver_sql("SELECT VERSION()").scalar())
@@ -194,10 +214,22 @@ class MySQL(Dialect):
         connection.exec_driver_sql("DO 1")
 
     def enable_batches(self, engine: Engine) -> None:
-        batch.allow_batches(engine)
+        # PyMySQL only: asyncmy always sets the flag; other drivers are left
+        # as they are (and send statements one by one).
+        if engine.dialect.driver != "pymysql":
+            return
+
+        def connect(_dialect: object, _record: object, _args: object, options: Any) -> None:
+            options["client_flag"] = options.get("client_flag", 0) | MULTI_STATEMENTS
+
+        event.listen(engine, "do_connect", connect)
 
     def can_batch(self, connection: Connection) -> bool:
-        return batch.supports_batches(connection)
+        attribute = _FLAGS.get(connection.dialect.driver)
+        if attribute is None:
+            return False
+        flags = getattr(connection.connection.driver_connection, attribute, 0)
+        return bool(flags & MULTI_STATEMENTS)
 
     @property
     def batches(self) -> bool:

@@ -39,12 +39,20 @@ class SQLite(Dialect):
     # file's write lock).
     token_from_reply = False
     insert_if_absent = "OR IGNORE"
+    async_on_threads = True
     async_driver = "aiosqlite"
-    # SQLite auto-increments only an INTEGER PRIMARY KEY.
+    async_drivers = frozenset({"aiosqlite"})
+    # The upgrade on open is one transaction: processes that open a new file
+    # at once upgrade it once.
+    transactional_ddl = True
     upgrades_on_open = True
+    # SQLite auto-increments only an INTEGER PRIMARY KEY.
     column_types: ClassVar[dict[str, TypeEngine[Any]]] = {"id": Integer()}
     # A waiter's ticket is its place in the queue: never handed out twice.
     never_reused_options: ClassVar[dict[str, Any]] = {"sqlite_autoincrement": True}
+
+    def sql_header(self, name: str) -> str:  # noqa: ARG002 - one name
+        return "-- pathlock's tables, for SQLite."
 
     def server_version(self, connection: Connection) -> str:
         return f"SQLite {connection.exec_driver_sql('SELECT sqlite_version()').scalar()}"
