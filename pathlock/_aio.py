@@ -11,7 +11,10 @@ its asyncio form here:
 - a transaction's attempt (:meth:`LoopRunner.attempt`): the statements go
   through the asyncio driver (asyncmy, aiosqlite), under an
   ``asyncio.timeout`` that ends the attempt by its deadline, as the socket
-  timeouts of :mod:`pathlock._deadlines` do for PyMySQL;
+  timeouts of :mod:`pathlock._deadlines` do for PyMySQL; or, on an engine of
+  a synchronous driver (SQLite's, see :attr:`Dialect.async_on_threads`), the
+  whole attempt runs on a worker thread, bounded as in the synchronous API,
+  and the loop awaits its end;
 - the pause between two attempts (:meth:`LoopRunner.sleep`): ``asyncio.sleep``;
 - a waiting request's sleep (:class:`LoopWaker`): an ``asyncio.Event`` that a
   release of another task (or thread) sets.
@@ -25,7 +28,7 @@ schedule as the synchronous API's heartbeat thread. The manager's other
 background threads (the settling of leases in doubt, renewals that wait for
 a customer's row, the reaper) keep their schedules; their database calls are
 handed to the loop (``run_coroutine_threadsafe``) and wait there for the
-answer.
+answer, or, on an engine of a synchronous driver, run on the thread itself.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
+import functools
+import logging
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -44,12 +51,19 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from pathlock import _deadlines as deadlines
 from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
 from pathlock._routing import Node
-from pathlock._transactions import AttemptFailed, attempt_once
+from pathlock._transactions import THREAD, AttemptFailed, attempt_once
 from pathlock.clock import Clock
+from pathlock.dialects.base import is_async
 from pathlock.errors import BackendError
 from pathlock.lease import Lease, LostCallback
 
 T = TypeVar("T")
+log = logging.getLogger("pathlock")
+
+_WORKERS = 8
+"""Worker threads of a manager whose database is reached through a
+synchronous driver (SQLite): attempts beyond it queue for a thread, as they
+would for a connection of the pool."""
 
 _SPARE = 5.0
 """Seconds a background thread waits for the loop beyond the call's own
@@ -139,10 +153,18 @@ def _timed_out(seconds: float) -> OperationalError:
 class LoopRunner:
     """Carries out a transaction's attempts and pauses on an event loop
     (:class:`pathlock._transactions.Runner`). Bound to its loop when the
-    asyncio manager opens (:meth:`bind`)."""
+    asyncio manager opens (:meth:`bind`).
+
+    An attempt on an engine of an asyncio driver runs on the loop, each
+    driver call awaited. An attempt on an engine of a synchronous driver (the
+    embedded SQLite file, see :func:`on_threads`) runs whole on a worker
+    thread, and the loop awaits its end: one hand-off per transaction instead
+    of one per driver call."""
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers_lock = threading.Lock()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -156,8 +178,71 @@ class LoopRunner:
         *,
         read_only: bool,
     ) -> tuple[T, bool]:
-        coroutine = self._attempt(node, operation, number, ends, read_only)
+        if not is_async(node.engine):
+            if not in_greenlet():
+                # A background thread of the manager: nothing to hand over.
+                return THREAD.attempt(node, operation, number, ends, read_only=read_only)
+            coroutine = self._on_thread(node, operation, number, ends, read_only)
+        else:
+            coroutine = self._attempt(node, operation, number, ends, read_only)
         return wait(self.loop, coroutine, seconds=max(0.0, ends - time.monotonic()))
+
+    def run_blocking(self, function: Callable[[], T]) -> Coroutine[Any, Any, T]:
+        """``function`` (which may use a synchronous driver's engine
+        directly) on a worker thread, awaited. A cancelled caller does not
+        wait for it; it runs to its end."""
+        return self._on_worker(contextvars.copy_context().run, function)
+
+    def shutdown(self) -> None:
+        """Let the worker threads end once their attempts have (the manager
+        closes)."""
+        with self._workers_lock:
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(wait=False)
+
+    async def _on_thread(
+        self,
+        node: Node,
+        operation: Callable[[Connection, int], T],
+        number: int,
+        ends: float,
+        read_only: bool,
+    ) -> tuple[T, bool]:
+        made = _Made()
+        # The caller's context (its time limits) goes with the attempt.
+        context = contextvars.copy_context()
+        try:
+            attempt = functools.partial(
+                THREAD.attempt, node, operation, number, ends, read_only=read_only
+            )
+            return await self._on_worker(context.run, made.run, attempt)
+        except asyncio.CancelledError:
+            # The attempt's thread may be waiting for the file's write lock
+            # (up to its busy timeout): the caller does not wait for it. From
+            # now on its statements and its COMMIT are refused
+            # (watch_cancellations). A COMMIT already under way holds the
+            # write lock, so whatever the caller does next in a transaction
+            # of its own (delete what the attempt may have granted) comes
+            # after it.
+            made.cancelled = True
+            raise
+
+    async def _on_worker(self, function: Callable[..., T], /, *args: Any) -> T:
+        future = asyncio.get_running_loop().run_in_executor(self._executor(), function, *args)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_retrieved)
+            raise
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=_WORKERS, thread_name_prefix="pathlock-db"
+                )
+            return self._workers
 
     def sleep(self, seconds: float) -> None:
         wait(self.loop, asyncio.sleep(seconds), seconds=seconds)
@@ -194,6 +279,48 @@ class LoopRunner:
             except SQLAlchemyError as error:
                 raise AttemptFailed(error, limit.commit_unanswered) from error
             return result, limit.commit_unanswered
+
+
+_MADE: contextvars.ContextVar[_Made] = contextvars.ContextVar("pathlock_attempt_on_a_thread")
+
+
+class _Made:
+    """An attempt made on a worker thread for a task, which may be cancelled
+    while the attempt goes on."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def run(self, attempt: Callable[[], T]) -> T:
+        _MADE.set(self)  # in the attempt's own context
+        return attempt()
+
+
+class AttemptCancelled(Exception):
+    """The task an attempt on a worker thread was made for was cancelled: the
+    attempt's next statement (or its COMMIT) is refused."""
+
+
+def watch_cancellations(engine: Engine) -> None:
+    """Refuse the statements and the COMMIT of an attempt on a worker thread
+    once its task was cancelled (see :meth:`LoopRunner._on_thread`)."""
+
+    def refuse_if_cancelled(*_args: Any) -> None:
+        made = _MADE.get(None)
+        if made is not None and made.cancelled:
+            raise AttemptCancelled("the task this attempt was made for was cancelled")
+
+    event.listen(engine, "before_cursor_execute", refuse_if_cancelled)
+    event.listen(engine, "commit", refuse_if_cancelled)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A worker's result nobody awaits any more: read, so that its failure
+    is not reported as never retrieved."""
+    if not future.cancelled() and future.exception() is not None:
+        log.debug("an attempt of a cancelled task failed", exc_info=future.exception())
 
 
 def watch_commits(engine: Engine) -> None:

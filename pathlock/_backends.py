@@ -130,7 +130,9 @@ def open_engine(
         except (SQLAlchemyError, ValueError) as error:
             raise InvalidArgument(f"not a database URL: {error}") from error
         dialect = dialects.for_name(url.get_backend_name())
-        if asynchronous:
+        if asynchronous and not (
+            dialect.async_on_threads and url.get_driver_name() not in ASYNC_DRIVERS
+        ):
             url = dialect.async_url(url)
         elif url.get_driver_name() in ASYNC_DRIVERS:
             raise InvalidArgument(

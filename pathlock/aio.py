@@ -2,9 +2,10 @@
 its leases.
 
 It is the synchronous API's algorithm, run without blocking the event loop:
-MySQL and MariaDB through asyncmy, SQLite through aiosqlite, every wait a
-coroutine on the loop (see :mod:`pathlock._aio`). The owner of a lease is the
-asyncio task that asked for it (or the ``owner=`` name it gives).
+MySQL and MariaDB through asyncmy, SQLite on worker threads (or through
+aiosqlite), every wait a coroutine on the loop (see :mod:`pathlock._aio`).
+The owner of a lease is the asyncio task that asked for it (or the
+``owner=`` name it gives).
 
 Cancellation leaves nothing behind. A task cancelled while it waits leaves
 the queue; one cancelled while its grant commits has the grant undone; the
@@ -31,6 +32,7 @@ from pathlock import _reaper as reaper
 from pathlock import _validation as validation
 from pathlock import events
 from pathlock._aio import TaskHeartbeat, spawn
+from pathlock.dialects.base import is_async
 from pathlock.errors import ArgumentTypeError, InvalidArgument, LeaseLost
 from pathlock.lease import Lease
 from pathlock.manager import CLOSED_WHILE_HELD, PathLockManager
@@ -63,12 +65,13 @@ class AsyncPathLockManager:
     """Hierarchical path locks for asyncio applications: the same locks, on
     the same database, as :class:`PathLockManager`, with the same options.
 
-    ``database``: a URL (``mysql+pymysql://``, ``mariadb+pymysql://`` and
-    ``sqlite:///`` are read with the asyncio driver of their family, asyncmy
-    or aiosqlite; ``mysql+asyncmy://`` and ``sqlite+aiosqlite://`` are taken as
-    they are), a :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, a list of the
-    nodes of a cluster, or ``None`` for the default database. The drivers come
-    with ``pip install 'pathlock[async]'``.
+    ``database``: a URL (``mysql+pymysql://`` and ``mariadb+pymysql://`` are
+    read with asyncmy; ``sqlite:///`` runs each transaction whole on a worker
+    thread, through the standard library's driver; ``mysql+asyncmy://`` and
+    ``sqlite+aiosqlite://`` are taken as they are), a
+    :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, a list of the nodes of a
+    cluster, or ``None`` for the default database. The drivers come with
+    ``pip install 'pathlock[async]'``.
 
     Nothing touches the database before the manager is first used (or
     entered with ``async with``); options are checked at once. Close it with
@@ -158,7 +161,8 @@ class AsyncPathLockManager:
     async def create_schema(self) -> None:
         """Create the tables that do not exist yet (see
         :meth:`PathLockManager.create_schema`)."""
-        await self._call(self._core.create_schema)
+        await self._open()
+        await self._direct(self._core.create_schema)
 
     async def list_locks(
         self, customer_id: int | None = None, *, include_expired: bool = False
@@ -237,7 +241,8 @@ class AsyncPathLockManager:
                 pending = [task for task in self._tasks if not task.done()]
                 if pending:
                     await asyncio.wait(pending, timeout=core.settings.close_wait)
-        await spawn(core._finish_close)
+        await self._direct(core._finish_close)
+        core._loop_runner.shutdown()
 
     async def __aenter__(self) -> AsyncPathLockManager:
         try:
@@ -276,8 +281,16 @@ class AsyncPathLockManager:
             self._core._check_open("open the database")
             self._loop = loop
             self._core._loop_runner.bind(loop)
-            await spawn(self._core._open)
+            await self._direct(self._core._open)
             self._opened = True
+
+    async def _direct(self, function: Callable[[], T]) -> T:
+        """``function`` of the core that uses the engines directly, not
+        through attempts: in a greenlet on the loop, or, where the database
+        is reached through a synchronous driver (SQLite), on a worker thread."""
+        if is_async(self._core.engine):
+            return await spawn(function)
+        return await self._core._loop_runner.run_blocking(function)
 
     async def _call(self, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``function`` of the core, run on the loop; a cancellation ends it

@@ -43,6 +43,7 @@ from pathlock._store import Store
 from pathlock._transactions import THREAD, Runner, Transactions
 from pathlock._upkeep import Upkeep
 from pathlock.customer import CustomerLocks
+from pathlock.dialects.base import is_async
 from pathlock.errors import (
     ArgumentTypeError,
     BackendError,
@@ -326,10 +327,13 @@ class PathLockManager:
         if not self._asynchronous:
             self._open()
             return
-        from pathlock._aio import watch_commits  # noqa: PLC0415 - the async extra
+        from pathlock._aio import watch_cancellations, watch_commits  # noqa: PLC0415
 
         for engine in engines:
-            watch_commits(engine)
+            if is_async(engine):
+                watch_commits(engine)
+            else:  # a synchronous driver's, whose attempts run on threads
+                watch_cancellations(engine)
 
     def _open(self) -> None:
         """What opening the database takes (the first database calls): bring

@@ -18,6 +18,9 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+from sqlalchemy import make_url
+
 from pathlock import (
     AsyncLease,
     AsyncPathLockManager,
@@ -223,13 +226,24 @@ class AsyncApi(Api):
             self.loop.close()
 
 
-APIS = ("sync", "async")
+APIS = ("sync", "async", "async-driver")
+"""``async-driver``: the asyncio API on the URL of its family's asyncio
+driver, where the synchronous spelling of the URL runs another way (SQLite:
+the synchronous driver on worker threads, against aiosqlite)."""
+
+
+def skip_same_as_async(kind: str, url: str) -> None:
+    """Skip the ``async-driver`` API where it is the ``async`` one over again."""
+    if kind == "async-driver" and make_url(url).get_backend_name() != "sqlite":
+        pytest.skip("the asyncio API uses this database's asyncio driver anyway")
 
 
 @contextmanager
 def opened(kind: str, url: str, customer_id: int, **options: Any) -> Iterator[Api]:
     """A manager of the ``kind`` API, closed afterwards."""
     options.setdefault("node_id", f"test-{kind}")
+    if kind == "async-driver":
+        url = make_url(url).set(drivername="sqlite+aiosqlite").render_as_string(False)
     api: Api = (SyncApi if kind == "sync" else AsyncApi)(url, customer_id, **options)
     try:
         yield api

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -197,6 +198,48 @@ def test_a_request_cancelled_at_any_step_leaves_nothing_behind(
     run(main)
 
 
+def test_an_attempt_left_waiting_for_the_file_by_a_cancelled_task_grants_nothing(
+    sqlite_url: str, customer_id: int
+) -> None:
+    """On SQLite a transaction runs whole on a worker thread. Another process
+    holds the file's write lock, so the request's attempt waits for it there
+    while the loop runs on. The task is cancelled and does not wait for the
+    attempt; when the file is free again, the attempt must not grant the
+    cancelled request its paths behind everyone's back."""
+    database = make_url(sqlite_url).database
+    assert database is not None
+    raw = create_engine(sqlite_url)
+
+    async def main() -> None:
+        async with _manager(sqlite_url) as manager:
+            locks = manager.for_customer(customer_id)
+            await (await locks.lock_paths("/warm")).release()  # the tables exist
+            writer = sqlite3.connect(database, isolation_level=None)
+            try:
+                writer.execute("BEGIN IMMEDIATE")
+                request = asyncio.create_task(_lock(locks, "/a", timeout=20.0))
+                for _ in range(30):  # the loop runs while the attempt waits
+                    await asyncio.sleep(0.01)
+                assert not request.done()
+                request.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await request
+            finally:
+                writer.rollback()
+                writer.close()
+            # The attempt's thread takes the write lock now, and stops.
+            await asyncio.sleep(0.5)
+            assert _rows(raw, customer_id) == (0, 0)
+            lease = await asyncio.create_task(locks.try_lock_paths("/a"))
+            assert lease is not None
+            await lease.release()
+
+    try:
+        run(main)
+    finally:
+        raw.dispose()
+
+
 def test_a_cancelled_release_still_releases(
     database_url: str, customer_id: int, raw_engine: Engine
 ) -> None:
@@ -326,11 +369,16 @@ def test_the_urls_of_both_apis(database_url: str, customer_id: int) -> None:
         family = url.get_backend_name()
         async with _manager(database_url) as manager:
             engine = manager._core.engine
-            assert is_async(engine)
-            assert engine.dialect.driver == ("asyncmy" if family == "mysql" else "aiosqlite")
+            if family == "mysql":
+                assert is_async(engine)
+                assert engine.dialect.driver == "asyncmy"
+            else:  # the synchronous driver, each transaction on a worker thread
+                assert not is_async(engine)
+                assert engine.dialect.driver == "pysqlite"
         # The asyncio driver's own spelling is taken as it is.
-        own = url.set(drivername=engine.url.drivername)
+        own = url.set(drivername=_async_driver(database_url))
         async with _manager(own) as manager:
+            assert manager._core.engine.dialect.driver == own.get_driver_name()
             assert (await manager.for_customer(customer_id).try_lock_paths("/x")) is not None
 
     run(main)

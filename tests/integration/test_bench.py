@@ -88,6 +88,8 @@ def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_
         section = text.split(f"\n## {number}. ")[1].split("\n## ")[0]
         assert "| MariaDB |" in section or "| MySQL |" in section, section
         assert "| SQLite |" in section, section
+    # Beside the SQLite file's default (a worker thread), aiosqlite for comparison.
+    assert "| SQLite, aiosqlite |" in text.split("\n## 9. ")[1], text
     # The plot needs the optional matplotlib: drawn and linked, or said to be skipped.
     plotted = (report.parent / PLOT_NAME).is_file()
     assert plotted == (f"]({PLOT_NAME})" in text)

@@ -21,7 +21,7 @@ from pathlock import (
     LockTimeout,
     PathLockError,
 )
-from tests.integration.apis import APIS, HANG, Actor, Api, opened
+from tests.integration.apis import APIS, HANG, Actor, Api, opened, skip_same_as_async
 from tests.integration.test_locking import MATRIX, _rows
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(params=APIS)
 def api(request: pytest.FixtureRequest, database_url: str, customer_id: int) -> Iterator[Api]:
+    skip_same_as_async(request.param, database_url)
     with opened(request.param, database_url, customer_id, ttl=30.0) as api:
         yield api
 
@@ -166,6 +167,7 @@ def test_a_timeout_names_the_holder(me: Actor, other: Actor) -> None:
 
 @pytest.mark.parametrize("kind", APIS)
 def test_expired_rows_never_block(database_url: str, customer_id: int, kind: str) -> None:
+    skip_same_as_async(kind, database_url)
     with opened(kind, database_url, customer_id, heartbeat=False) as api:  # nothing renews
         me, other = api.actor(), api.actor()
         lease = me.lock("/short", ttl=0.2)
