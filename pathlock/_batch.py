@@ -6,6 +6,9 @@ trip: an uncontended acquire is "write the sentinel, insert if no conflict,
 commit", a release "write the sentinel, delete, commit". Sent one by one,
 that is six round trips for an acquire + release; with the first two
 statements of each sent together, four, as many as two plain commits need.
+A batch may also carry its transaction's COMMIT (``run(..., commit=True)``,
+on the engines pathlock creates: :func:`commit_in_batches`): a release is
+then one round trip.
 
 The statements are the same SQLAlchemy constructs as everywhere else,
 compiled for the engine's dialect and sent as one query with the driver's own
@@ -24,16 +27,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled, SQLCompiler
 from sqlalchemy.sql.expression import Executable
 
+from pathlock import _deadlines as deadlines
 from pathlock import dialects
+
+# The dialects (one per engine) whose COMMIT may travel in a batch.
+_COMMITTING: weakref.WeakSet[Dialect] = weakref.WeakSet()
+# The connection whose COMMIT a batch has just sent: its Connection.commit()
+# sends nothing more (set and reset within run()).
+_SENT: ContextVar[object | None] = ContextVar("pathlock_commit_sent", default=None)
 
 
 class Reply(NamedTuple):
@@ -63,11 +75,89 @@ def prepare(statement: Executable, dialect: Dialect) -> None:
     _compiled(statement, dialect)
 
 
-def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Reply]:
+def commit_in_batches(engine: Engine) -> None:
+    """Let batches of ``engine`` carry their transaction's COMMIT (for the
+    engines pathlock creates; see :func:`commits_in_batches`)."""
+    dialect = engine.dialect
+    if dialect in _COMMITTING:
+        return
+    send_commit = dialect.do_commit
+
+    def do_commit(dbapi_connection: Any) -> None:
+        if _SENT.get() is not dbapi_connection:
+            send_commit(dbapi_connection)
+
+    dialect.do_commit = do_commit  # type: ignore[method-assign]
+    _COMMITTING.add(dialect)
+
+
+def commits_in_batches(connection: Connection) -> bool:
+    """Whether a batch on ``connection`` may carry its COMMIT: its engine was
+    set up for it, and the connection takes batches at all."""
+    return connection.dialect in _COMMITTING and supports_batches(connection)
+
+
+def run(
+    connection: Connection,
+    steps: Sequence[tuple[Executable, dict[str, Any]]],
+    *,
+    commit: bool = False,
+) -> list[Reply]:
     """Send ``steps`` ((statement, parameters) pairs) in one round trip, inside
     the connection's transaction (begun if need be); return one reply each.
-    Parameters of the same name must have the same value in every step."""
+    Parameters of the same name must have the same value in every step.
+
+    ``commit`` (only where :func:`commits_in_batches`): the COMMIT goes in
+    the same round trip, and the transaction is over when this returns.
+    While its reply is awaited, the current limit counts the COMMIT as
+    unanswered (:attr:`pathlock._deadlines.Limit.commit_unanswered`): an
+    attempt cut short then is in doubt; an error the server answered with
+    (one of the statements, or the COMMIT itself, refused) is not."""
     dialect = connection.dialect
+    sql, parameters = _compose(dialect, steps, commit=commit)
+    if not connection.in_transaction():
+        connection.begin()
+    proxied = connection.connection
+    cursor = proxied.cursor()
+    error_class = dialect.loaded_dbapi.Error
+    limit = deadlines.current() if commit else None
+    if limit is not None:
+        limit.commit_unanswered = True
+    try:
+        cursor.execute(sql, parameters)
+        replies = [Reply(cursor.rowcount, cursor.lastrowid)]
+        # One result per statement, or the error of the one that failed
+        # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
+        for _ in steps[1:]:
+            cursor.nextset()
+            replies.append(Reply(cursor.rowcount, cursor.lastrowid))
+        if commit:
+            cursor.nextset()  # the COMMIT's reply
+    except error_class as error:
+        lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
+        if limit is not None and not lost:
+            limit.commit_unanswered = False  # refused: nothing was committed
+        if lost:
+            connection.invalidate(error)
+        raise DBAPIError.instance(
+            sql, parameters, error, error_class, connection_invalidated=lost, dialect=dialect
+        ) from error
+    finally:
+        # Closing reads any results left after an error; the connection may
+        # be gone by then.
+        with contextlib.suppress(error_class):
+            cursor.close()
+    if commit:
+        if limit is not None:
+            limit.commit_unanswered = False
+        _committed(connection)
+    return replies
+
+
+def _compose(
+    dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, commit: bool
+) -> tuple[str, Any]:
+    """The batch's SQL and its parameters, in the dialect's paramstyle."""
     parts: list[str] = []
     named: dict[str, Any] = {}
     positional: list[Any] = []  # for a positional paramstyle (%s): in order
@@ -82,31 +172,16 @@ def run(connection: Connection, steps: Sequence[tuple[Executable, dict[str, Any]
                 raise ValueError(f"parameter {name!r} differs between batched statements")
         if dialect.positional:
             positional.extend(state.positional_parameters)
-    sql = ";\n".join(parts)
-    parameters: Any = tuple(positional) if dialect.positional else named
-    if not connection.in_transaction():
-        connection.begin()
-    proxied = connection.connection
-    cursor = proxied.cursor()
-    error_class = dialect.loaded_dbapi.Error
+    if commit:
+        parts.append("COMMIT")
+    return ";\n".join(parts), tuple(positional) if dialect.positional else named
+
+
+def _committed(connection: Connection) -> None:
+    """The server ended the transaction (a batch's COMMIT): end SQLAlchemy's
+    too, sending nothing (see :func:`commit_in_batches`)."""
+    sent = _SENT.set(connection.connection)
     try:
-        cursor.execute(sql, parameters)
-        replies = [Reply(cursor.rowcount, cursor.lastrowid)]
-        # One result per statement, or the error of the one that failed
-        # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
-        for _ in steps[1:]:
-            cursor.nextset()
-            replies.append(Reply(cursor.rowcount, cursor.lastrowid))
-    except error_class as error:
-        lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
-        if lost:
-            connection.invalidate(error)
-        raise DBAPIError.instance(
-            sql, parameters, error, error_class, connection_invalidated=lost, dialect=dialect
-        ) from error
+        connection.commit()
     finally:
-        # Closing reads any results left after an error; the connection may
-        # be gone by then.
-        with contextlib.suppress(error_class):
-            cursor.close()
-    return replies
+        _SENT.reset(sent)

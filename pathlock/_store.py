@@ -472,10 +472,22 @@ class Store:
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]
     ) -> int:
         if self.dialect.can_batch(connection):
+            # The COMMIT too, where it can: a release in one round trip.
+            commit = batch.commits_in_batches(connection)
             bumped, deleted = batch.run(
-                connection, [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)]
+                connection,
+                [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)],
+                commit=commit,
             )
             if bumped.rowcount:
+                if not commit:
+                    connection.commit()
+                return deleted.rowcount
+            if commit:
+                # Rows without a sentinel row (an operator deleted it): the
+                # deletion is committed; make the row, so waiters see a new
+                # version.
+                self._tx.bump(connection, customer_id)
                 connection.commit()
                 return deleted.rowcount
             connection.rollback()  # no sentinel row yet: the usual way creates it

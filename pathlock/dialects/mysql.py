@@ -214,6 +214,9 @@ class MySQL(Dialect):
         connection.exec_driver_sql("DO 1")
 
     def enable_batches(self, engine: Engine) -> None:
+        from pathlock import _batch  # noqa: PLC0415 - it imports this package
+
+        _batch.commit_in_batches(engine)
         # PyMySQL only: asyncmy always sets the flag; other drivers are left
         # as they are (and send statements one by one).
         if engine.dialect.driver != "pymysql":

@@ -503,15 +503,15 @@ def test_a_schema_at_another_revision_is_refused_on_entry(customer_id: int) -> N
 def test_statements_are_batched_over_asyncmy_too(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A grant's and a release's statements go in one round trip each, as
-    over PyMySQL; a statement that fails in the middle of a batch raises the
-    error SQLAlchemy would have raised."""
-    batches: list[int] = []
+    """A grant's and a release's statements go in one round trip each (the
+    release's with its COMMIT), as over PyMySQL; a statement that fails in
+    the middle of a batch raises the error SQLAlchemy would have raised."""
+    batches: list[tuple[int, bool]] = []
     run_batch = batch.run
 
-    def counted(connection: Connection, steps: Any) -> list[batch.Reply]:
-        batches.append(len(steps))
-        return run_batch(connection, steps)
+    def counted(connection: Connection, steps: Any, *, commit: bool = False) -> list[batch.Reply]:
+        batches.append((len(steps), commit))
+        return run_batch(connection, steps, commit=commit)
 
     monkeypatch.setattr(batch, "run", counted)
 
@@ -532,4 +532,5 @@ def test_statements_are_batched_over_asyncmy_too(
             await spawn(failing, manager._core.engine)
 
     run(main)
-    assert batches == [2, 2, 2]  # the grant, the denied try, the release
+    # The grant, the denied try, and the release, whose COMMIT goes with it.
+    assert batches == [(2, False), (2, False), (2, True)]

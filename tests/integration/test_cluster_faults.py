@@ -53,13 +53,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pymysql
 import pytest
 from pymysql.connections import Connection
 
 from pathlock import Lease, PathLockError, PathLockManager, Settings
 from servers import galera_cluster
 from tests.integration import fault_worker
+from tests.integration.commit_faults import CommitFaults
 from tests.integration.conftest import CLUSTER_DATABASE
 from tests.integration.fault_harness import (
     EndState,
@@ -712,21 +712,9 @@ def _synced_rows(cluster: galera_cluster.GaleraCluster, customer_id: int) -> lis
 def commit_reply_lost(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
     """``arm(code)``: the next COMMIT of this process lands, then fails with
     ``code`` (2013: the connection was lost during the COMMIT; 1180: a Galera
-    node reports an error during COMMIT), as in ``test_failover.py``."""
-    commit = Connection.commit
-    armed: list[int] = []
-    lock = threading.Lock()
-
-    def lossy_commit(self: Connection) -> None:
-        commit(self)
-        with lock:
-            code = armed.pop() if armed else None
-        if code is not None:
-            self._force_close()
-            raise pymysql.err.OperationalError(code, "reply lost after the COMMIT landed (test)")
-
-    monkeypatch.setattr(Connection, "commit", lossy_commit)
-    return armed.append
+    node reports an error during COMMIT), whether the COMMIT is sent on its
+    own (a grant's) or at the end of a batch (a release's)."""
+    return CommitFaults(monkeypatch).lose_reply
 
 
 @pytest.mark.timeout(120)

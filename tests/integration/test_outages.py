@@ -22,9 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pymysql
 import pytest
-from pymysql.connections import Connection
 from sqlalchemy import Engine, create_engine, text
 
 from pathlock import (
@@ -37,6 +35,7 @@ from pathlock import (
 )
 from pathlock._store import Store
 from servers import private_mariadb
+from tests.integration.commit_faults import CommitFaults
 from tests.integration.conftest import PRIVATE_DATABASE
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,20 +47,10 @@ def reply_lost_after_commit(
     monkeypatch: pytest.MonkeyPatch, stall: float = 0.0
 ) -> Callable[[], None]:
     """Make the next COMMIT of this process land, then (after ``stall``
-    seconds) fail as a lost connection. Returns the function that arms it."""
-    commit = Connection.commit
-    armed = threading.Event()
-
-    def lossy_commit(self: Connection) -> None:
-        commit(self)
-        if armed.is_set():
-            armed.clear()
-            time.sleep(stall)
-            self._force_close()
-            raise pymysql.err.OperationalError(LOST, "Lost connection to MySQL server during query")
-
-    monkeypatch.setattr(Connection, "commit", lossy_commit)
-    return armed.set
+    seconds) fail as a lost connection, whether it is sent on its own or at
+    the end of a batch. Returns the function that arms it."""
+    faults = CommitFaults(monkeypatch)
+    return lambda: faults.lose_reply(LOST, stall=stall)
 
 
 @pytest.fixture
@@ -192,22 +181,11 @@ def test_a_refused_commit_leaves_no_transaction_for_the_retry_to_run_in(
     # the retry then ran inside the old transaction, found its own
     # uncommitted rows by their lease id, rolled them back and returned a
     # lease whose rows nobody else could see.
-    commit = Connection.commit
-    armed = threading.Event()
-
-    def refused_commit(self: Connection) -> None:
-        if armed.is_set():
-            armed.clear()
-            raise pymysql.err.OperationalError(
-                1047, "WSREP has not yet prepared node for application use"
-            )
-        commit(self)
-
-    monkeypatch.setattr(Connection, "commit", refused_commit)
+    faults = CommitFaults(monkeypatch)
     with PathLockManager(mariadb_url, node_id="refused", heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/warm").release()  # one pooled connection, reused below
-        armed.set()
+        faults.refuse(1047)
         with locks.lock_paths("/a", "/b") as lease:
             assert _rows(mariadb_engine, customer_id) == [
                 ("/a", lease.lease_id),
@@ -215,7 +193,7 @@ def test_a_refused_commit_leaves_no_transaction_for_the_retry_to_run_in(
             ]
             with PathLockManager(mariadb_url, node_id="other", heartbeat=False) as other:
                 assert other.for_customer(customer_id).try_lock_paths("/a/x") is None
-        armed.set()  # the release's COMMIT refused too: retried, and done
+            faults.refuse(1047)  # the release's COMMIT (in its batch) refused too: retried
         assert _rows(mariadb_engine, customer_id) == []
         locks.lock_paths("/a").release()  # and the owner is not held back by anything
 

@@ -1,0 +1,113 @@
+"""Faults at the next COMMIT this process sends over PyMySQL, wherever it is
+sent: on its own (``Connection.commit()``, a grant's), or as the last
+statement of a batch (a release's, see ``pathlock/_batch.py``).
+
+- :meth:`CommitFaults.lose_reply`: the COMMIT lands, and its reply is lost
+  (the connection fails as if cut during the COMMIT).
+- :meth:`CommitFaults.refuse`: the server refuses the COMMIT (a Galera node
+  that left the primary component: 1047) and the transaction stays open.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pymysql.connections
+import pymysql.cursors
+import pymysql.err
+import pytest
+
+Connection = pymysql.connections.Connection
+
+_COMMIT = "COMMIT"
+
+
+class CommitFaults:
+    """Installed on ``monkeypatch`` when made; each ``arm`` call makes the
+    next COMMIT of any connection of the process fail once."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._lock = threading.Lock()
+        self._armed: list[Callable[[Connection, bool], None]] = []
+        commit = Connection.commit
+        send = Connection._execute_command
+        nextset = pymysql.cursors.Cursor.nextset
+        faults = self
+
+        def faulty_commit(self: Connection) -> None:
+            fault = faults._take()
+            if fault is None:
+                commit(self)
+                return
+            fault(self, True)
+            commit(self)
+            fault(self, False)
+
+        def faulty_send(self: Connection, command: int, sql: str | bytes) -> None:
+            text = sql.decode() if isinstance(sql, bytes) else sql
+            batched = ";" in text and text.rstrip().upper().endswith(_COMMIT)
+            fault = faults._take() if batched else None
+            if fault is None:
+                send(self, command, sql)
+                return
+            # A batch that ends with COMMIT: the fault strikes at its last reply.
+            if getattr(fault, "refuses", False):  # the statements run; no COMMIT
+                text = text.rstrip()[: -len(_COMMIT)].rstrip().rstrip(";")
+                sql = text.encode() if isinstance(sql, bytes) else text
+            self._pathlock_fault = fault
+            send(self, command, sql)
+
+        def faulty_nextset(self: pymysql.cursors.Cursor) -> Any:
+            connection = self.connection
+            fault = getattr(connection, "_pathlock_fault", None)
+            result = connection._result
+            if fault is not None and getattr(fault, "refuses", False) and not result.has_next:
+                connection._pathlock_fault = None
+                fault(connection, True)  # the COMMIT's reply: refused
+            more = nextset(self)
+            result = connection._result
+            last = result is None or not result.has_next
+            if fault is not None and not getattr(fault, "refuses", False) and last:
+                connection._pathlock_fault = None
+                fault(connection, False)  # the COMMIT landed: its reply is lost
+            return more
+
+        monkeypatch.setattr(Connection, "commit", faulty_commit)
+        monkeypatch.setattr(Connection, "_execute_command", faulty_send)
+        monkeypatch.setattr(pymysql.cursors.Cursor, "nextset", faulty_nextset)
+
+    def lose_reply(self, code: int = 2013, *, stall: float = 0.0) -> None:
+        """The next COMMIT lands; then, after ``stall`` seconds, the
+        connection fails with ``code`` as if its reply never came."""
+
+        def lost(connection: Connection, before: bool) -> None:
+            if before:
+                return
+            time.sleep(stall)
+            connection._force_close()
+            raise pymysql.err.OperationalError(code, "reply lost after the COMMIT landed (test)")
+
+        self._arm(lost)
+
+    def refuse(self, code: int = 1047) -> None:
+        """The server refuses the next COMMIT, and the transaction stays open."""
+
+        def refused(_connection: Connection, before: bool) -> None:
+            if before:
+                raise pymysql.err.OperationalError(
+                    code, "WSREP has not yet prepared node for application use"
+                )
+
+        refused.refuses = True  # type: ignore[attr-defined]
+        self._arm(refused)
+
+    def _arm(self, fault: Callable[[Connection, bool], None]) -> None:
+        with self._lock:
+            self._armed.append(fault)
+
+    def _take(self) -> Callable[[Connection, bool], None] | None:
+        with self._lock:
+            return self._armed.pop(0) if self._armed else None

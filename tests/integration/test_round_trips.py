@@ -1,0 +1,128 @@
+"""How many round trips an operation costs on MySQL and MariaDB: the commands
+PyMySQL sends, counted where it sends them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pymysql.connections
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
+
+from pathlock import PathLockManager
+from pathlock import _batch as batch
+from pathlock import _deadlines as deadlines
+from tests.integration.commit_faults import CommitFaults
+
+
+@contextmanager
+def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The SQL of every command sent meanwhile, one entry per round trip."""
+    commands: list[str] = []
+    send = pymysql.connections.Connection._execute_command
+
+    def counted(self: pymysql.connections.Connection, command: int, sql: str | bytes) -> None:
+        commands.append(sql.decode() if isinstance(sql, bytes) else sql)
+        send(self, command, sql)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pymysql.connections.Connection, "_execute_command", counted)
+        yield commands
+
+
+def test_a_release_is_one_round_trip_on_the_engines_pathlock_creates(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a/b", shared=["/c"])
+        with sent(monkeypatch) as commands:
+            lease.release()
+        assert len(commands) == 1, commands
+        assert commands[0].rstrip().endswith("COMMIT")
+        assert locks.list_locks() == []
+        # The connection's next transaction is a new one: nothing was left open.
+        again = locks.lock_paths("/a/b")
+        assert again.fencing_token > lease.fencing_token
+        again.release()
+        assert locks.list_locks() == []
+
+
+def test_an_engine_passed_in_sends_the_commit_on_its_own(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = create_engine(mariadb_url)
+    try:
+        with PathLockManager(engine, heartbeat=False) as manager:
+            locks = manager.for_customer(customer_id)
+            lease = locks.lock_paths("/a")
+            with sent(monkeypatch) as commands:
+                lease.release()
+            # Its connections take one statement per query: the sentinel
+            # write, the DELETE and the COMMIT go one by one. Around them,
+            # SQLAlchemy sets the connection's isolation level to pathlock's
+            # at checkout and back to the engine's at return (8 in all).
+            own = [command.split()[0] for command in commands[2:5]]
+            assert own == ["UPDATE", "DELETE", "COMMIT"], commands
+            assert len(commands) == 8, commands
+            assert locks.list_locks() == []
+    finally:
+        engine.dispose()
+
+
+def test_a_release_whose_commit_reply_is_lost_is_released(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release's one round trip carries its COMMIT; the connection is cut
+    before the reply. The release cannot tell whether it landed: it tries
+    again, finds the rows gone, and counts the lease as released."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a")
+        CommitFaults(monkeypatch).lose_reply()
+        with sent(monkeypatch) as commands:
+            lease.release()
+        assert len(commands) >= 2, commands  # the batch, then the retry
+        assert lease.released
+        assert not lease.lost
+        assert locks.list_locks() == []
+        other = locks.try_lock_paths("/a")
+        assert other is not None
+        other.release()
+
+
+@pytest.mark.parametrize("outcome", ["reply lost", "refused", "committed"])
+def test_a_batch_that_carries_a_commit_says_when_its_reply_is_missing(
+    mariadb_url: str, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """While a batch's COMMIT is on its way, the attempt's limit counts it
+    unanswered: after a lost reply the attempt is in doubt; after an error
+    the server answered with, or the COMMIT's own reply, it is not."""
+    steps: list[tuple[Any, dict[str, Any]]] = [(text("DO 1"), {})]
+    if outcome == "refused":
+        steps.append((text("SELECT * FROM no_such_table"), {}))
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as manager,
+        manager.engine.connect() as connection,
+    ):
+        assert batch.commits_in_batches(connection)
+
+        if outcome == "reply lost":
+            CommitFaults(monkeypatch).lose_reply()
+
+        def attempt(limit: deadlines.Limit) -> bool:
+            try:
+                batch.run(connection, steps, commit=True)
+            except DBAPIError:
+                assert outcome != "committed"
+            else:
+                assert outcome == "committed"
+                assert not connection.in_transaction()
+            return limit.commit_unanswered
+
+        unanswered = deadlines.within(time.monotonic() + 10, attempt)
+    assert unanswered == (outcome == "reply lost")
