@@ -1,12 +1,14 @@
 """Alembic environment for pathlock's tables.
 
-The database comes from, first to last: a connection or URL handed over by
-:mod:`pathlock.migrate` (``config.attributes``), ``alembic -x url=...``, the
-environment variable ``PATHLOCK_DATABASE_URL``, ``sqlalchemy.url`` in the ini
-file. The revisions are recorded in their own version table,
-``pathlock_alembic_version``, so these migrations can run against the same
-database as a host application's own Alembic migrations without either one
-seeing the other's revisions.
+The database comes from, first to last: a connection, engine or URL handed
+over by :mod:`pathlock.migrate` (``config.attributes``), ``alembic -x url=...``,
+the environment variable ``PATHLOCK_DATABASE_URL``, ``sqlalchemy.url`` in the
+ini file. A URL is checked as pathlock checks every database it is given
+(:func:`pathlock.migrate.engine_for`, :func:`pathlock.migrate.sql_dialect`):
+one pathlock runs on, through a driver that is installed. The revisions are
+recorded in their own version table, ``pathlock_alembic_version``, so these
+migrations can run against the same database as a host application's own
+Alembic migrations without either one seeing the other's revisions.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from typing import Any
 from alembic import context
 from alembic.runtime.environment import NameFilterParentNames, NameFilterType
 from alembic.util import CommandError
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Engine
 
 import pathlock.dialects
+import pathlock.migrate
 import pathlock.schema
+from pathlock.errors import PathLockError
 
 URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
 VERSION_TABLE = pathlock.schema.VERSION_TABLE
@@ -48,7 +52,8 @@ def _database_url() -> str:
         or config.get_main_option("sqlalchemy.url")
     )
     if not url:
-        # CommandError: the alembic command line prints it without a traceback.
+        # CommandError, here and below: the alembic command line prints it
+        # without a traceback (pathlock.migrate checked its own URL already).
         raise CommandError(
             "pathlock migrations need a database URL: pass "
             "`alembic -x url=mysql+pymysql://user:pass@host/db ...`, set "
@@ -79,9 +84,31 @@ def _configure(**connection_options: Any) -> None:
     )
 
 
+def _sql_url() -> str:
+    """The URL whose dialect the SQL printed is for."""
+    url = _database_url()
+    try:
+        pathlock.migrate.sql_dialect(url)
+    except PathLockError as error:
+        raise CommandError(str(error)) from error
+    return url
+
+
+def _engine() -> tuple[Engine, bool]:
+    """The engine handed over, else one for the URL; and whether it is ours
+    to dispose."""
+    handed_over: Engine | None = config.attributes.get("engine")
+    if handed_over is not None:
+        return handed_over, False
+    try:
+        return pathlock.migrate.engine_for(_database_url()), True
+    except PathLockError as error:
+        raise CommandError(str(error)) from error
+
+
 def run_migrations_offline() -> None:
     """Print the SQL (``alembic upgrade head --sql``) instead of running it."""
-    _configure(url=_database_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    _configure(url=_sql_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
     with context.begin_transaction():
         context.run_migrations()
 
@@ -99,14 +126,15 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(_database_url(), poolclass=pool.NullPool)
+    engine, owned = _engine()
     try:
         with engine.connect() as connection:
             _configure(connection=connection)
             with context.begin_transaction():
                 context.run_migrations()
     finally:
-        engine.dispose()
+        if owned:
+            engine.dispose()
 
 
 if context.is_offline_mode():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pathlock.errors import ArgumentTypeError
 from pathlock.lease import Lease, LostCallback
 from pathlock.types import LockInfo
 
@@ -64,6 +65,7 @@ class CustomerLocks:
         request raises :class:`LockCancelled` within 50 ms (an attempt under
         way finishes first), leaves the queue, and holds nothing.
         """
+        _check_on_lost(on_lost)
         lease = self.manager._acquire(
             self.customer_id,
             paths,
@@ -91,6 +93,7 @@ class CustomerLocks:
     ) -> Lease | None:
         """One attempt: a :class:`Lease`, or ``None`` if anything conflicts
         (``owner`` as for :meth:`lock_paths`)."""
+        _check_on_lost(on_lost)
         return self.manager._acquire(
             self.customer_id,
             paths,
@@ -117,3 +120,14 @@ class CustomerLocks:
 
     def __repr__(self) -> str:
         return f"<CustomerLocks customer_id={self.customer_id} {self.manager!r}>"
+
+
+def _check_on_lost(on_lost: object) -> None:
+    """Refuse an ``on_lost`` that is not callable before anything is written:
+    otherwise the mistake shows only when the lease is lost, as a failed call
+    on the callback thread, and the caller never hears of the loss."""
+    if on_lost is not None and not callable(on_lost):
+        raise ArgumentTypeError(
+            "on_lost must be a function that takes the lost Lease, or None; "
+            f"got {type(on_lost).__name__}"
+        )

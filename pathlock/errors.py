@@ -224,15 +224,29 @@ class LockCancelled(PathLockError):
 
 
 class SchemaMismatch(PathLockError):
-    """The database records a revision of pathlock's tables other than the one
-    this pathlock was made for: older (run ``pathlock db upgrade``) or newer
-    (a newer pathlock migrated it). Raised by the :class:`PathLockManager`
-    constructor, before anything is locked."""
+    """pathlock's tables are not at the revision this pathlock was made for.
 
-    def __init__(self, recorded: str, expected: str, known: bool) -> None:
+    The database records an older revision (run ``pathlock db upgrade``) or
+    a newer one (a newer pathlock migrated it); or, with ``recorded`` ``None``,
+    the tables exist but no revision is recorded, as an older pathlock's
+    ``create_schema()`` left them: record the revision they are at with
+    ``pathlock db stamp REV`` (docs/MIGRATIONS.md says how to tell which),
+    then upgrade. Raised by the :class:`PathLockManager` constructor, before
+    anything is locked, and by ``pathlock db upgrade`` on tables without a
+    recorded revision, before anything is changed."""
+
+    def __init__(self, recorded: str | None, expected: str, known: bool = False) -> None:
         self._args = (recorded, expected, known)
         self.recorded = recorded
         self.expected = expected
+        if recorded is None:
+            super().__init__(
+                "pathlock's tables exist but record no revision (an older pathlock's "
+                "create_schema() made them): record the revision they are at with "
+                "`pathlock db stamp REV` (docs/MIGRATIONS.md says how to tell), then run "
+                f"`pathlock db upgrade` (to {expected})"
+            )
+            return
         if known:
             advice = "run `pathlock db upgrade` (or the Alembic migrations) first"
         else:

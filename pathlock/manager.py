@@ -18,12 +18,12 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import URL, Engine
+from sqlalchemy import URL, Connection, Engine, inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import _deadlines as deadlines
@@ -57,7 +57,7 @@ from pathlock.errors import (
 )
 from pathlock.lease import Lease, LostCallback
 from pathlock.paths import normalize_request
-from pathlock.schema import REVISION, REVISIONS, create_tables
+from pathlock.schema import REVISION, REVISIONS, create_tables, metadata
 from pathlock.settings import Settings
 from pathlock.settings import checked as checked_settings
 from pathlock.types import LockInfo, Owner, WaiterInfo
@@ -268,6 +268,19 @@ class PathLockManager:
         if metrics is not None:
             told.append(metrics)
         self._events = emitter = events.Emitter([*told, *events.checked(hooks)])
+        # Checked before anything is opened: dict() and create_engine(**options)
+        # would raise a bare TypeError, or one for each node of a cluster.
+        if engine_options is not None and not isinstance(engine_options, Mapping):
+            raise ArgumentTypeError(
+                "engine_options must be a dict of create_engine() keyword arguments, or None; "
+                f"got {type(engine_options).__name__}"
+            )
+        for key in engine_options or {}:
+            if not isinstance(key, str):
+                raise ArgumentTypeError(
+                    "engine_options' keys must be names of create_engine() arguments (str), "
+                    f"got {type(key).__name__}"
+                )
         opened = open_engines(
             database, dict(engine_options or {}), timing, asynchronous=self._asynchronous
         )
@@ -398,13 +411,39 @@ class PathLockManager:
 
     def _check_schema(self) -> None:
         """Refuse tables at another revision than this pathlock's (an older one
-        may lock wrongly: at 0002, trailing spaces did not count). Tables that
-        carry no revision, or none yet, pass; so does a database that does not
-        answer within ``settings.schema_check_time`` (its calls will say so)."""
+        may lock wrongly: at 0002, trailing spaces did not count), and tables
+        that record no revision and lack columns this pathlock writes (what an
+        older pathlock's ``create_schema()`` left: the first lock would fail on
+        a missing column). No tables yet pass (``create_schema()`` or the
+        migrations come next; until then a call says to run them); so does a
+        database that does not answer within ``settings.schema_check_time``
+        (its calls will say so)."""
         if dialects.for_name(self.engine.dialect.name).upgrades_on_open:
             return  # upgraded when opened
+        seconds = self._settings.schema_check_time
+
+        def lacks_columns(connection: Connection, _number: int) -> bool:
+            """Whether a table of pathlock's lacks a column this pathlock has."""
+            inspector = inspect(connection)
+            existing = set(inspector.get_table_names())
+            lacking = any(
+                set(table.columns.keys())
+                - {column["name"] for column in inspector.get_columns(table.name)}
+                for table in metadata.sorted_tables
+                if table.name in existing
+            )
+            connection.rollback()
+            return lacking
+
         try:
-            answered, recorded = self._upkeep.recorded_revision(self._settings.schema_check_time)
+            answered, recorded = self._upkeep.recorded_revision(seconds)
+            if answered and recorded is None:
+                # Tables with every column pass: another process's
+                # create_schema() may be between creating them and recording
+                # their revision, and they lock as they should.
+                answered, lacking = self._upkeep._tx.once(lacks_columns, seconds=seconds)
+                if lacking:
+                    raise SchemaMismatch(None, REVISION)
         except BackendError as error:  # access denied, say: the calls will say so
             log.debug("could not check the schema's revision: %s", error)
             return

@@ -343,6 +343,13 @@ def _add_lock(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         "--customer", type=_customer, default=0, metavar="N", help="the customer id (default: 0)"
     )
     parser.add_argument(
+        "--case-insensitive",
+        action="store_true",
+        help="case-fold the paths (/Shared/Foo locks /shared/foo), for file systems that "
+        "ignore case; every process that locks the customer's paths must agree, and the "
+        "database records the setting at the customer's first lock",
+    )
+    parser.add_argument(
         "--timeout",
         type=_seconds,
         metavar="S",

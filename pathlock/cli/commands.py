@@ -34,7 +34,6 @@ from pathlock import bench, dialects
 from pathlock._backends import (
     URL_ENV_VAR,
     default_database,
-    default_database_url,
     open_engine,
     upgrade_on_open,
 )
@@ -43,7 +42,7 @@ from pathlock.bench.stats import count
 from pathlock.cli import listing
 from pathlock.cli.arguments import EXIT_ERROR, build_parser, version
 from pathlock.cli.runner import LockRequest, run_locked
-from pathlock.errors import BackendError, PathLockError
+from pathlock.errors import BackendError, CaseRuleMismatch, PathLockError, SchemaMismatch
 from pathlock.manager import PathLockManager
 from pathlock.schema import REASON_LENGTH, REVISION, REVISIONS, path_lock_waiters, path_locks
 
@@ -57,7 +56,9 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 _OWN_LOGGERS = frozenset({__name__, "pathlock.cli.runner"})
 # What --verbose shows: pathlock's progress, each run of the reaper's
 # scheduler and each migration step, not Alembic's or APScheduler's set-up.
-_VERBOSE_LOGGERS = ("pathlock", "apscheduler.executors", "alembic.runtime.migration")
+_MIGRATION_LOGGER = "alembic.runtime.migration"
+_VERBOSE_LOGGERS = ("pathlock", "apscheduler.executors", _MIGRATION_LOGGER)
+_ALEMBIC_SET_UP = ("Context impl ", "Will assume ")
 
 
 class _Formatter(logging.Formatter):
@@ -71,7 +72,10 @@ class _Formatter(logging.Formatter):
             level = ""
         else:
             level = f"{record.levelname.lower()}: "
-        text = f"pathlock: {level}{record.getMessage()}"
+        # One line per message: Alembic's step lines quote a revision's
+        # docstring, which may wrap.
+        message = " ".join(record.getMessage().splitlines())
+        text = f"pathlock: {level}{message}"
         if record.exc_info:  # only the library's unexpected failures (bugs) carry one
             text += "\n" + self.formatException(record.exc_info)
         return text
@@ -99,13 +103,22 @@ def _shown(url: str) -> str:
         return url
 
 
-def _manager(args: argparse.Namespace) -> PathLockManager:
-    urls, chosen_by = _databases(args)
-    # -v says which database: the default depends on the user and the host.
+def _said(urls: list[str], chosen_by: str) -> list[str]:
+    """``urls``, once -v has said which database they are: the default
+    depends on the user and the host."""
     for url in urls:
         log.info("database: %s (from %s)", _shown(url), chosen_by)
+    return urls
+
+
+def _manager(args: argparse.Namespace) -> PathLockManager:
+    urls = _said(*_databases(args))
     database = urls if len(urls) > 1 else urls[0]
-    return PathLockManager(database, node_id=getattr(args, "node_id", None))
+    return PathLockManager(
+        database,
+        node_id=getattr(args, "node_id", None),
+        case_insensitive=getattr(args, "case_insensitive", False),
+    )
 
 
 def _first_url(args: argparse.Namespace) -> str | None:
@@ -113,6 +126,13 @@ def _first_url(args: argparse.Namespace) -> str | None:
     replicates schema changes to every node)."""
     urls: list[str] | None = args.database_url
     return urls[0] if urls else None
+
+
+def _one_database(args: argparse.Namespace) -> str:
+    """The database of a ``db`` command: the first --database-url, else the
+    default, said by -v as the other commands say theirs."""
+    urls, chosen_by = _databases(args)
+    return _said(urls[:1], chosen_by)[0]
 
 
 def _default_reason(command: Sequence[str]) -> str:
@@ -139,7 +159,19 @@ def _lock(args: argparse.Namespace) -> int:
         kill_grace=args.kill_grace,
     )
     with _manager(args) as manager:
-        return run_locked(manager.for_customer(args.customer), request)
+        try:
+            return run_locked(manager.for_customer(args.customer), request)
+        except CaseRuleMismatch as error:
+            # The library's advice names its Python option; say the flag.
+            rule, advice = (
+                ("case-insensitive", "add --case-insensitive")
+                if error.recorded
+                else ("case-sensitive", "leave out --case-insensitive")
+            )
+            raise PathLockError(
+                f"customer {error.customer_id}'s paths are {rule}, as the database recorded "
+                f"at their first lock: {advice} (every process that locks them must agree)"
+            ) from error
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -221,7 +253,9 @@ def _sql_url(args: argparse.Namespace) -> str:
     elif url is None:
         usage_error("--sql needs --dialect or --database-url: which server is the SQL for?")
     else:
-        dialect = make_url(url).get_backend_name()
+        from pathlock import migrate  # noqa: PLC0415
+
+        dialect = migrate.sql_dialect(url)  # one pathlock runs on, before any SQL
     _write(dialects.sql_header(dialect))
     return url
 
@@ -237,12 +271,17 @@ def _db_change(args: argparse.Namespace, verb: str) -> int:
     if args.sql:
         run(_sql_url(args), sql=True, revision=args.revision, output=sys.stdout)
         return EXIT_OK
-    url = _first_url(args) or default_database_url()
+    url = _one_database(args)
     before = migrate.current(url)
     run(url, revision=args.revision, output=sys.stdout)
     after = migrate.current(url)
     if verb == "stamp":
         _write(f"pathlock db stamp: the database records revision {after}")
+    elif before == after and verb == "upgrade" and _past(args.revision, after):
+        _write(
+            f"pathlock db upgrade: the database is past revision {args.revision} "
+            f"(at {after}); `pathlock db downgrade {args.revision}` goes back"
+        )
     elif before == after:
         _write(f"pathlock db {verb}: already at revision {after or 'none'}; nothing to do")
     else:
@@ -250,11 +289,21 @@ def _db_change(args: argparse.Namespace, verb: str) -> int:
     return EXIT_OK
 
 
-def _schema_state(current: str | None) -> tuple[bool, str]:
-    """Whether a database whose tables record revision ``current`` is at
-    this pathlock's revision, and a sentence on it."""
+def _past(target: str, recorded: str | None) -> bool:
+    """Whether a database at revision ``recorded`` is past ``target``."""
+    if target not in REVISIONS or recorded not in REVISIONS:
+        return False
+    return REVISIONS.index(target) < REVISIONS.index(recorded)
+
+
+def _schema_state(current: str | None, tables: Sequence[str]) -> tuple[bool, str]:
+    """Whether a database whose tables record revision ``current`` (and of
+    whose tables ``tables`` exist) is at this pathlock's revision, and a
+    sentence on it."""
     if current == REVISION:
         return True, f"at revision {current}, the newest this pathlock ships"
+    if current is None and tables:
+        return False, str(SchemaMismatch(None, REVISION))
     if current is None:
         return False, (
             "no revision recorded; `pathlock db upgrade` creates the tables "
@@ -285,8 +334,8 @@ def _info(args: argparse.Namespace) -> int:
         )
     engine, owned = open_engine(urls[0], {})
     try:
-        server, revision = _server_and_revision(engine, migrate)
-        at_head, state = _schema_state(revision)
+        server, (revision, tables) = _server_and_state(engine, migrate)
+        at_head, state = _schema_state(revision, tables)
         counts = _counts(engine) if at_head else {}
     finally:
         if owned:
@@ -313,21 +362,23 @@ def _info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _server_and_revision(engine: Engine, migrate: ModuleType) -> tuple[str, str | None]:
-    """The server's name and version, and the revision its tables record.
-    The embedded SQLite file is brought up to date first, as every subcommand
-    that uses it does."""
+def _server_and_state(
+    engine: Engine, migrate: ModuleType
+) -> tuple[str, tuple[str | None, Sequence[str]]]:
+    """The server's name and version, and the revision its tables record and
+    which of them exist. The embedded SQLite file is brought up to date first,
+    as every subcommand that uses it does."""
     try:
         dialect = dialects.for_name(engine.dialect.name)
         if dialect.upgrades_on_open:
             upgrade_on_open(engine)
         with engine.connect() as connection:
             server = dialect.server_version(connection)
-            revision: str | None = migrate.recorded_revision(connection)
+            revision, tables = migrate.schema_state(connection)
             connection.rollback()
     except SQLAlchemyError as error:
         raise BackendError("reading the database's version", error) from error
-    return server, revision
+    return server, (revision, tables)
 
 
 def _counts(engine: Engine) -> dict[str, int]:
@@ -355,7 +406,7 @@ def _db_current(args: argparse.Namespace) -> int:
 def _db_check(args: argparse.Namespace) -> int:
     from pathlock import migrate  # noqa: PLC0415
 
-    at_head, state = _schema_state(migrate.current(_first_url(args) or default_database_url()))
+    at_head, state = _schema_state(*migrate.state(_one_database(args)))
     _write(state)
     return EXIT_OK if at_head else EXIT_ERROR
 
@@ -366,13 +417,26 @@ def _bench(args: argparse.Namespace) -> int:
 
     suite.run(
         # Not the embedded default: the figures are about a server.
-        url=_first_url(args) or bench.DEFAULT_URL,
+        url=_bench_url(args),
         only=args.only,
         quick=args.quick,
         output=None if args.no_report else Path(args.output),
         write=_write,
     )
     return EXIT_OK
+
+
+def _bench_url(args: argparse.Namespace) -> str:
+    """The server to measure, its URL checked as every subcommand checks its
+    database: a one-line error, not the suite's traceback, for a URL that
+    pathlock cannot use or whose driver is missing. Nothing connects."""
+    from pathlock import migrate  # noqa: PLC0415
+
+    url = _first_url(args) or bench.DEFAULT_URL
+    # An embedded file is refused by the suite; opening one would create it.
+    if not dialects.for_name(migrate.sql_dialect(url)).upgrades_on_open:
+        migrate.engine_for(url).dispose()
+    return url
 
 
 # -- running it -----------------------------------------------------------------------
@@ -409,9 +473,17 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:split], argv[split + 1 :]
 
 
+def _alembic_news(record: logging.LogRecord) -> bool:
+    """Whether a record is worth showing: not Alembic's account of its own
+    set-up ("Context impl MySQLImpl.", "Will assume non-transactional DDL."),
+    which it logs at INFO beside each migration step."""
+    return record.name != _MIGRATION_LOGGER or not str(record.msg).startswith(_ALEMBIC_SET_UP)
+
+
 def _logging_handler(verbose: bool, quiet: bool) -> logging.Handler:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter())
+    handler.addFilter(_alembic_news)
     if quiet:  # for cron: a failure is one line, without the retries before it
         handler.setLevel(logging.ERROR)
     root = logging.getLogger()

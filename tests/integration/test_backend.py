@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, func, make_url, select, text
 
 from pathlock import (
     ArgumentTypeError,
     BackendError,
+    CustomerLocks,
     ExponentialBackoff,
     InvalidArgument,
     PathLockManager,
@@ -33,7 +34,7 @@ from pathlock import _backends as backends
 from pathlock import _batch as batch
 from pathlock._backends import CONFIG_ENV_VAR, URL_ENV_VAR
 from pathlock._statements import BUMP
-from pathlock.schema import REVISION
+from pathlock.schema import REVISION, customer_locks, path_lock_waiters, path_locks
 
 
 def _pooled_connection_id(manager: PathLockManager) -> int:
@@ -291,6 +292,9 @@ class _NoReset:
         ({"backoff": _NoReset()}, ArgumentTypeError, "next\\(\\) -> seconds and reset\\(\\)"),
         ({"on_lost": 42}, ArgumentTypeError, "on_lost must be a function"),
         ({"affinity": True}, InvalidArgument, "affinity=True chooses among the nodes"),
+        ({"engine_options": 5}, ArgumentTypeError, "engine_options must be a dict.* got int"),
+        ({"engine_options": [("echo", True)]}, ArgumentTypeError, "got list"),
+        ({"engine_options": {1: True}}, ArgumentTypeError, "keys must be names.* got int"),
     ],
     ids=[
         "backoff-object",
@@ -298,6 +302,9 @@ class _NoReset:
         "backoff-no-reset",
         "on_lost-int",
         "affinity-one-database",
+        "engine_options-int",
+        "engine_options-list",
+        "engine_options-int-key",
     ],
 )
 def test_options_are_checked_when_the_manager_is_built(
@@ -305,9 +312,27 @@ def test_options_are_checked_when_the_manager_is_built(
 ) -> None:
     """Before, each of these was accepted: the first lock failed with an
     AttributeError, a lost lease with a TypeError in the callback thread, or
-    affinity was silently ignored."""
+    affinity was silently ignored; engine_options failed with a bare TypeError."""
     with pytest.raises(error, match=match):
         PathLockManager(mariadb_url, **options)
+
+
+@pytest.mark.parametrize("on_lost", [42, "callback", object()])
+def test_a_requests_on_lost_is_checked_before_anything_is_written(
+    locks: CustomerLocks, raw_engine: Engine, on_lost: object
+) -> None:
+    """It used to be granted: the mistake showed only when the lease was lost,
+    as a TypeError on the callback thread (the asyncio API refused it)."""
+    for request in (locks.lock_paths, locks.try_lock_paths):
+        with pytest.raises(ArgumentTypeError, match="on_lost must be a function"):
+            request("/a", on_lost=on_lost)  # type: ignore[arg-type]
+    with raw_engine.connect() as connection:
+        for table in (customer_locks, path_locks, path_lock_waiters):
+            written = connection.execute(
+                select(func.count()).where(table.c.customer_id == locks.customer_id)
+            ).scalar_one()
+            assert written == 0, table.name
+        connection.rollback()
 
 
 def test_the_settings_reach_the_renewals_too(mariadb_url: str) -> None:

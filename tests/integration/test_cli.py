@@ -33,7 +33,7 @@ from sqlalchemy import Engine, Row, delete, select
 from pathlock import CustomerLocks, PathLockManager
 from pathlock._backends import URL_ENV_VAR
 from pathlock.cli import main
-from pathlock.schema import REVISION, customer_locks, path_locks
+from pathlock.schema import REVISION, REVISIONS, customer_locks, path_locks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -277,6 +277,36 @@ def test_lock_gives_up_with_124_after_its_timeout(
         assert "'holder'" in line
         assert {row.lease_id for row in _rows(raw_engine, customer_id)} == {holder.lease_id}
     assert not ran.exists()
+
+
+def test_lock_case_insensitive_folds_the_paths_and_the_customer_keeps_the_rule(
+    database_url: str, raw_engine: Engine, customer_id: int
+) -> None:
+    """The command line had no --case-insensitive: it could not lock the
+    paths of a customer whose first lock recorded that rule."""
+    customer = ("--database-url", database_url, "--customer", str(customer_id))
+    # While /Shared/Foo is held, /shared/FOO is the same path: the inner
+    # pathlock gives up at once (124), and the outer passes its status on.
+    result = pathlock(
+        "lock", *customer, "--case-insensitive", "/Shared/Foo", "--",
+        *PATHLOCK, "lock", *customer, "--case-insensitive", "--timeout", "0", "/shared/FOO",
+        "--", "true",
+    )  # fmt: skip
+    assert result.returncode == 124, result.stderr
+    assert "/shared/foo (exclusive)" in result.stderr
+    with raw_engine.connect() as connection:
+        recorded = connection.execute(
+            select(customer_locks.c.case_insensitive).where(
+                customer_locks.c.customer_id == customer_id
+            )
+        ).scalar_one()
+        connection.rollback()
+    assert recorded is True
+    assert pathlock("lock", *customer, "--case-insensitive", "/A", "--", "true").returncode == 0
+    refused = pathlock("lock", *customer, "/A", "--", "true")
+    assert refused.returncode == 125
+    assert "add --case-insensitive" in _one_line_error(refused)
+    assert _rows(raw_engine, customer_id) == []
 
 
 def test_lock_of_an_invalid_path_fails_with_125_and_writes_nothing(
@@ -623,6 +653,28 @@ def test_verbose_says_which_database(tmp_path: Path) -> None:
     assert "secret" not in result.stderr
 
 
+def test_verbose_db_commands_name_the_database_first(mariadb_url: str, tmp_path: Path) -> None:
+    """They used to name none, and showed Alembic's set-up lines instead
+    ("Context impl MySQLImpl.", "Will assume non-transactional DDL.")."""
+    url = f"sqlite:///{tmp_path / 'locks.sqlite3'}"
+    result = pathlock("-v", "db", "upgrade", "--database-url", url)
+    assert result.returncode == 0, result.stderr
+    first, *steps = result.stderr.splitlines()
+    assert first == f"pathlock: database: {url} (from --database-url)"
+    assert len(steps) == len(REVISIONS), result.stderr
+    assert all(step.startswith("pathlock: info: Running upgrade ") for step in steps)
+    result = pathlock("db", "check", "-v", "--database-url", mariadb_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"pathlock: database: {mariadb_url} (from --database-url)\n"
+    result = pathlock(
+        "-v", "db", "current", "--database-url", "mysql+pymysql://app:secret@127.0.0.1:9/app"
+    )
+    assert result.stderr.startswith(
+        "pathlock: database: mysql+pymysql://app:***@127.0.0.1:9/app (from --database-url)\n"
+    ), result.stderr
+    assert "secret" not in result.stderr
+
+
 def test_info_says_which_database_what_chose_it_and_what_is_in_it(
     mariadb_url: str, customer_id: int
 ) -> None:
@@ -707,6 +759,31 @@ def test_errors_are_one_line(args: list[str], status: int) -> None:
     result = pathlock(*(arg.replace("{url}", NEVER_CONTACTED) for arg in args))
     assert result.returncode == status
     _one_line_error(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["db", "current", "mysql://nobody@127.0.0.1:1/none"], "write mysql+pymysql://"),
+        (["db", "upgrade", "mariadb://nobody@127.0.0.1:1/none"], "write mariadb+pymysql://"),
+        (["db", "check", "postgresql://127.0.0.1:1/none"], "unsupported database 'postgresql'"),
+        (["db", "stamp", "0005", "foo://127.0.0.1:1/none"], "unsupported database 'foo'"),
+        (["db", "downgrade", "0004", "not a url"], "not a database URL"),
+        (["bench", "--quick", "--no-report", "mysql://nobody@127.0.0.1:1/none"], "write mysql+"),
+    ],
+    ids=["mysql", "mariadb", "postgresql", "foo", "unparseable", "bench"],
+)
+def test_db_and_bench_refuse_a_url_as_the_other_commands_do(args: list[str], says: str) -> None:
+    """They used to print a traceback (ModuleNotFoundError: No module named
+    'MySQLdb', NoSuchModuleError, ArgumentError)."""
+    *command, url = args
+    result = pathlock(*command, "--database-url", url)
+    listed = pathlock("ls", "--database-url", url)
+    assert (result.returncode, _one_line_error(result)) == (
+        listed.returncode,
+        _one_line_error(listed),
+    )
+    assert says in result.stderr
 
 
 def test_several_database_urls_are_the_nodes_of_one_cluster(

@@ -37,7 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
-from pathlock import PathLockManager, SchemaMismatch, cli, migrate
+from pathlock import InvalidArgument, PathLockManager, SchemaMismatch, cli, migrate
 from pathlock.schema import REVISION, REVISIONS, compare_server_default, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -426,6 +426,76 @@ def test_create_schema_records_its_revision(
     assert _differences(empty_db_url) == []
 
 
+def test_upgrade_to_a_revision_the_database_is_past_says_so(
+    empty_db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to say "already at revision 0005; nothing to do"."""
+    url = ("--database-url", _url_text(empty_db_url))
+    command.upgrade(_config(empty_db_url), "head")
+    assert _db(capsys, "upgrade", "--revision", "0003", *url) == (
+        0,
+        f"pathlock db upgrade: the database is past revision 0003 (at {REVISION}); "
+        "`pathlock db downgrade 0003` goes back",
+    )
+    assert _versions(empty_db_url) == [REVISION]
+
+
+def _tables_of_an_older_create_schema(url: URL) -> None:
+    """Tables at revision 0003 without a recorded revision: what
+    create_schema() made before it recorded one."""
+    command.upgrade(_config(url), "0003")
+    engine = create_engine(url, poolclass=NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
+    engine.dispose()
+
+
+UNRECORDED = "pathlock's tables exist but record no revision"
+WAY_OUT = r"`pathlock db stamp REV`.*then run `pathlock db upgrade`"
+
+
+def test_tables_without_a_recorded_revision_are_refused_with_the_way_out(
+    empty_db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manager used to open them and fail at the first lock (1054, unknown
+    column customer_locks.case_insensitive), `db upgrade` with 1050 (table
+    exists), and `db current` said that `db upgrade` creates the tables."""
+    _tables_of_an_older_create_schema(empty_db_url)
+    url = ("--database-url", _url_text(empty_db_url))
+    with pytest.raises(SchemaMismatch, match=f"{UNRECORDED}.*{WAY_OUT}") as refused:
+        PathLockManager(_url_text(empty_db_url), heartbeat=False)
+    assert refused.value.recorded is None
+    for action, status in (("current", 0), ("check", 1)):
+        code, out = _db(capsys, action, *url)
+        assert code == status
+        assert out.startswith(UNRECORDED), out
+        assert "creates the tables" not in out
+    assert cli.main(["db", "upgrade", *url]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"pathlock: error: {UNRECORDED}"), captured.err
+    assert "1050" not in captured.err
+    assert _table_names(empty_db_url) == set(TABLES)  # nothing changed
+
+    # The way out, as the message says.
+    assert _db(capsys, "stamp", "0003", *url)[0] == 0
+    assert _db(capsys, "upgrade", *url)[0] == 0
+    with PathLockManager(_url_text(empty_db_url), heartbeat=False) as manager:
+        manager.for_customer(1).lock_paths("/a").release()
+
+
+def test_complete_tables_without_a_recorded_revision_open(empty_db_url: URL) -> None:
+    """What another process's create_schema() shows between creating the
+    tables and recording their revision: they lock as they should, so the
+    manager opens; `db upgrade` still refuses them (it would create them again)."""
+    engine = create_engine(empty_db_url, poolclass=NullPool)
+    metadata.create_all(engine)
+    engine.dispose()
+    with PathLockManager(_url_text(empty_db_url), heartbeat=False) as manager:
+        manager.for_customer(1).lock_paths("/a").release()
+    with pytest.raises(SchemaMismatch, match=UNRECORDED):
+        migrate.upgrade(empty_db_url)
+
+
 def _create_schema_at_once(url: str, barrier: Any) -> None:
     manager = PathLockManager(url, heartbeat=False)
     barrier.wait(60)
@@ -517,6 +587,22 @@ def test_the_dbas_sql_says_which_server_it_is_for(capsys: pytest.CaptureFixture[
     assert "utf8mb4_0900_bin" in out
     assert cli.main(["db", "upgrade", "--sql", "--dialect", "mariadb"]) == 0
     assert "utf8mb4_0900_bin" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("url", ["postgresql://db/app", "mssql+pyodbc://db/app", "foo://db"])
+def test_sql_for_a_database_pathlock_does_not_run_on_is_refused(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to print PostgreSQL's DDL (exit 0), for tables pathlock refuses
+    to use; or a traceback."""
+    assert cli.main(["db", "upgrade", "--sql", "--database-url", url]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("pathlock: error: unsupported database"), captured.err
+    assert len(captured.err.splitlines()) == 1
+    with pytest.raises(InvalidArgument, match="unsupported database"):
+        migrate.upgrade(url, sql=True, output=sys.stdout)
+    assert capsys.readouterr().out == ""
 
 
 def test_sql_without_a_server_is_refused(
