@@ -157,7 +157,7 @@ class LoopRunner:
 
     An attempt on an engine of an asyncio driver runs on the loop, each
     driver call awaited. An attempt on an engine of a synchronous driver (the
-    embedded SQLite file, see :func:`on_threads`) runs whole on a worker
+    embedded SQLite file, see ``Dialect.async_on_threads``) runs whole on a worker
     thread, and the loop awaits its end: one hand-off per transaction instead
     of one per driver call."""
 
