@@ -49,10 +49,17 @@ _SENT: ContextVar[object | None] = ContextVar("pathlock_commit_sent", default=No
 
 
 class Reply(NamedTuple):
-    """What the server said about one statement of a batch."""
+    """What the server said about one statement of a batch: for a SELECT,
+    its rows too."""
 
     rowcount: int
     lastrowid: int
+    rows: tuple[Any, ...] = ()
+
+
+def _reply(cursor: Any) -> Reply:
+    rows = tuple(cursor.fetchall()) if cursor.description else ()
+    return Reply(cursor.rowcount, cursor.lastrowid, rows)
 
 
 def supports_batches(connection: Connection) -> bool:
@@ -125,12 +132,12 @@ def run(
         limit.commit_unanswered = True
     try:
         cursor.execute(sql, parameters)
-        replies = [Reply(cursor.rowcount, cursor.lastrowid)]
+        replies = [_reply(cursor)]
         # One result per statement, or the error of the one that failed
         # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
         for _ in steps[1:]:
             cursor.nextset()
-            replies.append(Reply(cursor.rowcount, cursor.lastrowid))
+            replies.append(_reply(cursor))
         if commit:
             cursor.nextset()  # the COMMIT's reply
     except error_class as error:
