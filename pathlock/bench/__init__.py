@@ -2,13 +2,13 @@
 
 Nine experiments, each measured beside its baseline in the same run (the
 machines are shared and noisy, so ratios count, not absolute times): the cost
-of one uncontended lock against two durable commits, throughput, fairness on
+of one uncontended lock and throughput, against two durable commits, fairness on
 one path, a parent folder among busy children, hand-off latency, scale with
 100,000 live locks, reaping expired rows under load, and the asyncio API: the
 event loop's lag while tasks take turns on one path (beside the idle loop) and
 an uncontended lock beside the synchronous API's (:mod:`pathlock.bench.asyncio_api`,
-on the server and on a temporary SQLite file). The baseline of the contention
-experiments is the naive algorithm from the original blog post
+on the server and on a temporary SQLite file). Beside pathlock in experiments
+1 to 5 runs the naive algorithm from the original blog post
 (``SELECT ... FOR UPDATE``, reverse exponential backoff; :mod:`pathlock.bench.naive`).
 
 This module only names things, so that the command line can describe

@@ -1,19 +1,26 @@
-"""What the benchmarks do to the database besides locking: the floor's
-scratch table, bulk rows, clean-up, and the server's description."""
+"""What the benchmarks do to the database besides locking: the floor and
+its scratch table, bulk rows, clean-up, round trips and the server's CPU, and
+the server's description."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine, bindparam, delete, insert, select, text
+import pymysql.connections
+from sqlalchemy import URL, Engine, bindparam, create_engine, delete, insert, select, text
+from sqlalchemy.engine.default import DefaultDialect
 
 from pathlock._statements import now
+from pathlock.bench import BenchError
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE
 
@@ -28,41 +35,102 @@ _DELETE_CHUNK = 10_000
 # Random customer ids leave room for a block of consecutive ids above them.
 _CUSTOMER_ID_SPACE = 2**62
 
+_FLOOR_ROW = text(f"INSERT IGNORE INTO {FLOOR_TABLE} (id) VALUES (:k)")
+_FLOOR_BUMP = text(f"UPDATE {FLOOR_TABLE} SET n = n + 1 WHERE id = :k")
+# SQLAlchemy 2.0.43 and later can leave out the ROLLBACK a Connection sends
+# when it closes, which an autocommit connection has no use for.
+_SKIPS_AUTOCOMMIT_ROLLBACK = (
+    "skip_autocommit_rollback" in inspect.signature(DefaultDialect.__init__).parameters
+)
+
+
+def floor_engine(url: str | URL) -> Engine:
+    """An engine for :class:`Floor` over ``url`` (the same server and driver
+    as the others): every statement is its own durable commit (autocommit),
+    and nothing else is sent, neither when a connection goes back to the pool
+    nor when a :class:`~sqlalchemy.Connection` closes its (empty) transaction,
+    where SQLAlchemy supports skipping that ROLLBACK (2.0.43 and later; before,
+    the floor's round trips, which the benchmark counts, say so)."""
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}
+    if _SKIPS_AUTOCOMMIT_ROLLBACK:
+        options["skip_autocommit_rollback"] = True
+    return create_engine(url, **options)
+
 
 class Floor:
-    """The floor of a lock that is written and then removed: two single-row
-    durable commits (INSERT, then DELETE) on a scratch table, over the same
-    driver. ``acquire`` and ``release`` mirror a lock's so the same loops time
-    both."""
+    """The floor of an acquire + release: two single-row durable commits,
+    each one round trip. ``acquire`` and ``release`` are each one autocommit
+    ``UPDATE ... SET n = n + 1 WHERE id = :k`` of the floor's own row of the
+    scratch table (:func:`create_floor_table`; the row is inserted here if it
+    is missing), on an engine of :func:`floor_engine`. They mirror a lock's
+    so the same loops time both.
 
-    def __init__(self, engine: Engine) -> None:
+    ``key`` is the row's id: a random one by default; floors that run at once
+    (one per worker process) each take a key of their own, so none waits for
+    another's row lock."""
+
+    def __init__(self, engine: Engine, key: int | None = None) -> None:
         self.engine = engine
-        self._insert = text(f"INSERT INTO {FLOOR_TABLE} (id) VALUES (:k)")
-        self._delete = text(f"DELETE FROM {FLOOR_TABLE} WHERE id = :k")
+        self.key = secrets.randbelow(_CUSTOMER_ID_SPACE) + 1 if key is None else key
+        with engine.connect() as connection:
+            if not engine.dialect.detect_autocommit_setting(
+                connection.connection.dbapi_connection  # type: ignore[arg-type]
+            ):
+                raise BenchError("the floor needs an autocommit engine: see floor_engine()")
+            connection.execute(_FLOOR_ROW, {"k": self.key})
 
     def acquire(self, _path: str, _timeout: float) -> int:
-        key = secrets.randbelow(2**62)
         with self.engine.connect() as connection:
-            connection.execute(self._insert, {"k": key})
-            connection.commit()
-        return key
+            connection.execute(_FLOOR_BUMP, {"k": self.key})
+        return self.key
 
     def release(self, key: int) -> None:
         with self.engine.connect() as connection:
-            connection.execute(self._delete, {"k": key})
-            connection.commit()
+            connection.execute(_FLOOR_BUMP, {"k": key})
 
 
 def create_floor_table(engine: Engine) -> None:
+    """The floor's scratch table, afresh (a table of that name is the
+    benchmark's own, left by a run that was killed)."""
     with engine.begin() as connection:
+        connection.execute(text(f"DROP TABLE IF EXISTS {FLOOR_TABLE}"))
         connection.execute(
-            text(f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (id BIGINT PRIMARY KEY) ENGINE=InnoDB")
+            text(
+                f"CREATE TABLE {FLOOR_TABLE} "
+                "(id BIGINT PRIMARY KEY, n BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
+            )
         )
 
 
 def drop_floor_table(engine: Engine) -> None:
     with engine.begin() as connection:
         connection.execute(text(f"DROP TABLE IF EXISTS {FLOOR_TABLE}"))
+
+
+def round_trips(operation: Callable[[], None], cycles: int) -> float:
+    """Round trips per call of ``operation``, over ``cycles`` calls: the
+    commands PyMySQL sends from this thread meanwhile, each one round trip
+    (a query of several statements is one command). Other threads' commands,
+    a heartbeat's say, are not counted. Only for engines whose driver is
+    PyMySQL; the count is taken by wrapping the driver's one method that
+    sends a command, for the duration of the calls only."""
+    thread = threading.get_ident()
+    send = pymysql.connections.Connection._execute_command
+    sent = 0
+
+    def counted(self: pymysql.connections.Connection, command: int, sql: str | bytes) -> None:
+        nonlocal sent
+        if threading.get_ident() == thread:
+            sent += 1
+        send(self, command, sql)
+
+    setattr(pymysql.connections.Connection, "_execute_command", counted)  # noqa: B010
+    try:
+        for _ in range(cycles):
+            operation()
+    finally:
+        setattr(pymysql.connections.Connection, "_execute_command", send)  # noqa: B010
+    return sent / cycles
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ class Bench:
     url: str
     settings: Settings
     engine: Engine
-    """READ COMMITTED, for the floor and the bulk rows."""
+    """READ COMMITTED, for the naive algorithm, the floor's table and the bulk rows."""
     manager: PathLockManager
     """The parent's own manager (default settings), for single-process figures."""
     server: Server

@@ -39,13 +39,16 @@ How the figures are taken:
 - Every experiment works in fresh random customer ids and deletes its rows afterwards, bulk
   rows included. Experiment 7 reaps every expired row of the database, as `pathlock reap`
   does: run the suite against a database of its own.
-- The baseline of experiments 3 to 5, *naive*, is the naive algorithm from the original blog
+- The floor of experiments 1 and 2 is what an acquire + release cannot cost less than: two
+  single-row `UPDATE`s in autocommit mode on a scratch table of the same server, over the same
+  driver, each one round trip and one durable commit.
+- Beside pathlock in experiments 1 to 5, *naive* is the naive algorithm from the original blog
   post (`SELECT ... FOR UPDATE`, reverse exponential backoff; `pathlock/bench/naive.py`) on the
   same tables and conflict query: one transaction per attempt that locks the customer's
   sentinel row (`SELECT ... FOR UPDATE`), looks for conflicting live rows and inserts its rows
   or rolls back; a denied request sleeps the original blog post's reverse exponential backoff
   (250 ms, 15.8 ms, then 10 ms, no jitter) and tries again. No queue, no version watch, no
-  wake-ups.
+  wake-ups. A release deletes the rows and commits.
 """
 
 

@@ -12,10 +12,10 @@ from pathlock.bench.stats import count
 @dataclass(frozen=True, slots=True)
 class Settings:
     quick: bool
-    # 1. uncontended: alternating rounds of lock and floor operations
+    # 1. uncontended: alternating rounds of floor, naive and pathlock operations
     uncontended_rounds: int
     uncontended_per_round: int
-    # 2. throughput: alternating timed rounds of floor and pathlock
+    # 2. throughput: alternating timed rounds of floor, naive and pathlock
     throughput_processes: int
     throughput_seconds: float
     throughput_rounds: int
@@ -55,9 +55,10 @@ class Settings:
         """The settings, one markdown bullet per experiment."""
         return [
             f"- 1: {count(self.uncontended_rounds, 'round')} of "
-            f"{self.uncontended_per_round} operations each, lock and floor alternating",
+            f"{self.uncontended_per_round} operations each, floor, naive and pathlock "
+            "alternating",
             f"- 2: {self.throughput_processes} processes, {count(self.throughput_rounds, 'round')} "
-            f"of {self.throughput_seconds:g} s each, floor and pathlock alternating",
+            f"of {self.throughput_seconds:g} s each, floor, naive and pathlock alternating",
             f"- 3: {', '.join(map(str, self.fairness_processes))} processes, hold "
             f"{self.fairness_hold * 1000:g} ms, {count(self.fairness_rounds, 'round')} of "
             f"{self.fairness_seconds:g} s per process count and algorithm, alternating",

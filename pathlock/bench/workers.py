@@ -3,7 +3,8 @@
 Each worker is a process of its own (the ``spawn`` start method: a fresh
 interpreter, as an app server's process would be) with its own
 :class:`PathLockManager` (default settings), its own engine for the naive
-algorithm and the floor, and one connection of each warmed up. It runs jobs
+algorithm, its own autocommit engine for the floor, and one connection of
+each warmed up. It runs jobs
 sent by :class:`pathlock.bench.team.Team`: a job is a module-level function of
 this module and its keyword arguments. Jobs start at an agreed
 ``time.monotonic()`` instant and report ``time.monotonic()`` timestamps, which
@@ -24,7 +25,7 @@ from sqlalchemy import create_engine, text
 
 from pathlock import LockTimeout, PathLockManager
 from pathlock.bench import BenchError
-from pathlock.bench.database import Floor
+from pathlock.bench.database import Floor, floor_engine
 from pathlock.bench.naive import NaiveLocks
 from pathlock.lease import Lease
 
@@ -85,21 +86,27 @@ class Context:
         self.engine = create_engine(
             url, isolation_level="READ COMMITTED", pool_reset_on_return=None
         )
-        # Connect both now, so no job's first sample pays for it.
+        self.floor_engine = floor_engine(url)
+        # Connect all three now, so no job's first sample pays for it.
         self.manager.database_time()
-        with self.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
+        for engine in (self.engine, self.floor_engine):
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
 
     def locker(self, algorithm: Algorithm, customer_id: int) -> Locker:
+        """``algorithm``'s locks of ``customer_id``; for the floor, its row
+        of that id (workers on customers of their own update rows of their
+        own)."""
         if algorithm == "pathlock":
             return _Pathlock(self.manager, customer_id)
         if algorithm == "naive":
             return _Naive(NaiveLocks(self.engine, customer_id, node_id=self.node_id))
-        return Floor(self.engine)
+        return Floor(self.floor_engine, customer_id)
 
     def close(self) -> None:
         self.manager.close()
         self.engine.dispose()
+        self.floor_engine.dispose()
 
 
 def serve(

@@ -2,20 +2,36 @@
 
 A smoke test only: ``pathlock bench --quick`` against the MariaDB test server,
 as a real process (its workers are spawned processes). Nothing here looks at a
-figure: figures come from the suite's report, never from timed assertions.
+timed figure: those come from the suite's report, never from timed assertions.
+What is no matter of speed is checked: the rows each section must have, and
+the round trips an acquire + release sends, which are counts.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pymysql.connections
 import pytest
-from sqlalchemy import create_engine, func, inspect, select
+from sqlalchemy import create_engine, func, inspect, select, text
 
-from pathlock.bench import EXPERIMENTS, PLOT_NAME
-from pathlock.bench.database import FLOOR_TABLE
+from pathlock import PathLockManager
+from pathlock.bench import EXPERIMENTS, PLOT_NAME, BenchError
+from pathlock.bench.costs import NAMES
+from pathlock.bench.database import (
+    FLOOR_TABLE,
+    Floor,
+    create_floor_table,
+    customers_of,
+    drop_floor_table,
+    floor_engine,
+    round_trips,
+)
+from pathlock.bench.naive import NaiveLocks
+from pathlock.bench.stats import times
 from pathlock.schema import path_lock_waiters, path_locks
 
 pytestmark = pytest.mark.timeout(150)
@@ -85,11 +101,12 @@ def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_
     # The asyncio API's experiments ran on the server and on their SQLite
     # file, not skipped for want of the asyncio drivers (the test extra has them).
     for number in (8, 9):
-        section = text.split(f"\n## {number}. ")[1].split("\n## ")[0]
+        section = text.split(f"\n## {number}. ")[1].split("\n## ", maxsplit=1)[0]
         assert "| MariaDB |" in section or "| MySQL |" in section, section
         assert "| SQLite |" in section, section
     # Beside the SQLite file's default (a worker thread), aiosqlite for comparison.
     assert "| SQLite, aiosqlite |" in text.split("\n## 9. ")[1], text
+    _check_floor_naive_and_pathlock(text)
     # The plot needs the optional matplotlib: drawn and linked, or said to be skipped.
     plotted = (report.parent / PLOT_NAME).is_file()
     assert plotted == (f"]({PLOT_NAME})" in text)
@@ -105,4 +122,101 @@ def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_
                 assert left == 0, f"{table.name} keeps {left} rows of the benchmark"
         assert not inspect(engine).has_table(FLOOR_TABLE)
     finally:
+        engine.dispose()
+
+
+def _table(text: str, number: int) -> dict[str, dict[str, str]]:
+    """Section ``number``'s table of the report: its rows by their first
+    cell, each a dict from column heading to cell."""
+    section = text.split(f"\n## {number}. ")[1].split("\n## ", maxsplit=1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
+    return rows
+
+
+def _check_floor_naive_and_pathlock(text: str) -> None:
+    """Experiments 1 and 2 measure the floor, the naive algorithm and
+    pathlock side by side; 1 counts each one's round trips (the figures of
+    speed are the report's business, not this test's)."""
+    uncontended = _table(text, 1)
+    assert list(uncontended) == list(NAMES.values()), uncontended
+    trips = {name: row["round trips"] for name, row in uncontended.items()}
+    assert trips[NAMES["floor"]] == "2", trips
+    assert trips[NAMES["pathlock"]] == "2", trips
+    assert float(trips[NAMES["naive"]]) > 2, trips
+    for row in uncontended.values():
+        assert row["p50"].endswith(" ms"), row
+        assert row["client CPU"].endswith(" ms"), row
+        assert row["server CPU"] == "n/a" or row["server CPU"].endswith(" ms"), row
+    assert uncontended[NAMES["floor"]]["p50 ÷ floor"] == times(1.0)
+    throughput = _table(text, 2)
+    assert list(throughput) == list(NAMES.values()), throughput
+    for row in throughput.values():
+        assert int(row["cycles"].replace(",", "")) > 0, row
+        assert row["server CPU per cycle"] == "n/a" or row["server CPU per cycle"].endswith(
+            " ms"
+        ), row
+    assert throughput[NAMES["floor"]]["cycles/s ÷ floor"] == times(1.0)
+
+
+def test_round_trips_per_acquire_and_release(mariadb_url: str) -> None:
+    """What experiment 1 counts: the floor's acquire + release is two
+    autocommit UPDATEs, one round trip each and both committed; pathlock's is
+    two round trips on its own engine; the naive algorithm's, more. The
+    driver is as it was afterwards, after a failure too."""
+    engine = create_engine(mariadb_url, isolation_level="READ COMMITTED", pool_reset_on_return=None)
+    floors = floor_engine(mariadb_url)
+    create_floor_table(engine)
+    try:
+        with (
+            PathLockManager(mariadb_url, node_id="pathlock-bench-test") as manager,
+            customers_of(engine, 2) as (ours, theirs),
+        ):
+            floor = Floor(floors)
+            naive = NaiveLocks(engine, theirs, node_id="pathlock-bench-test")
+            locks = manager.for_customer(ours)
+
+            def floor_cycle() -> None:
+                floor.release(floor.acquire("/a", 0))
+
+            def naive_cycle() -> None:
+                lease_id = naive.acquire("/a", timeout=10)
+                assert lease_id is not None
+                naive.release(lease_id)
+
+            def pathlock_cycle() -> None:
+                locks.lock_paths("/a").release()
+
+            cycles: list[Callable[[], None]] = [floor_cycle, naive_cycle, pathlock_cycle]
+            for cycle in cycles:
+                cycle()  # the customers' rows exist, the connections are open
+            send = pymysql.connections.Connection._execute_command
+            assert round_trips(floor_cycle, 5) == 2
+            assert round_trips(pathlock_cycle, 5) == 2
+            assert round_trips(naive_cycle, 5) > 2
+            assert pymysql.connections.Connection._execute_command is send
+
+            def fails() -> None:
+                raise RuntimeError("boom")
+
+            with pytest.raises(RuntimeError, match="boom"):
+                round_trips(fails, 1)
+            assert pymysql.connections.Connection._execute_command is send
+            assert locks.list_locks() == []
+        # Every UPDATE of the floor was committed: another connection sees the 12.
+        with engine.connect() as connection:
+            bumps = connection.execute(
+                text(f"SELECT n FROM {FLOOR_TABLE} WHERE id = :k"), {"k": floor.key}
+            ).scalar_one()
+        assert bumps == 2 * (1 + 5)
+        # The floor refuses an engine that would not commit each UPDATE.
+        with pytest.raises(BenchError, match="autocommit"):
+            Floor(engine)
+    finally:
+        drop_floor_table(engine)
+        floors.dispose()
         engine.dispose()
