@@ -259,13 +259,15 @@ class LoopRunner:
         ends: float,
         read_only: bool,
     ) -> tuple[T, bool]:
-        # The limit is this task's context, which the greenlet shares: the
-        # engine's commit listener marks it (see watch_commits).
+        # The limit is this task's context, which the attempt's task copies
+        # and its greenlet shares: the engine's commit listener marks it (see
+        # watch_commits).
         async with deadlines.limit(ends) as limit:
             seconds = ends - time.monotonic()
-            try:
+
+            async def bounded() -> T:
                 async with asyncio.timeout(None if seconds == float("inf") else max(seconds, 0.0)):
-                    result = await spawn(
+                    return await spawn(
                         attempt_once,
                         node,
                         operation,
@@ -274,6 +276,21 @@ class LoopRunner:
                         # Tasks interleave on one thread: nothing to hold back.
                         guard=contextlib.nullcontext,
                     )
+
+            attempt = asyncio.ensure_future(bounded())
+            try:
+                result = await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                # The caller's task was cancelled while the attempt was under
+                # way. A grant's COMMIT travels with its statements, so
+                # dropping the connection now would leave them on their way:
+                # they could land after whatever the caller does next to undo
+                # the attempt (delete its rows by lease id). The attempt runs
+                # to its end first (within its own time), so that it is done,
+                # or never will be.
+                attempt.add_done_callback(_retrieved)
+                await asyncio.wait([attempt])
+                raise
             except TimeoutError as error:
                 raise AttemptFailed(_timed_out(seconds), limit.commit_unanswered) from error
             except SQLAlchemyError as error:
