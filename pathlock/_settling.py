@@ -8,12 +8,6 @@ interrupt propagates; if that fails too, from a short-lived thread soon after,
 at the manager's next call, and at ``close()``. An entry is dropped once its
 rows are known gone, or once they have surely expired (twice the ttl: nobody
 renews them).
-
-A grant sends its statements and its COMMIT in one query, and the deletion
-goes through another connection: it is not ordered after a query that was
-still on its way when the grant's connection was dropped. Such a query can
-land after its lease's rows were deleted. So a grant in doubt is looked for
-once more, ``look_again`` seconds after its rows were first deleted.
 """
 
 from __future__ import annotations
@@ -28,17 +22,11 @@ from pathlock.errors import PathLockError
 
 log = logging.getLogger("pathlock.manager")
 
-LOOK_AGAIN = 1.0
-"""Seconds after the first deletion of a grant in doubt's rows until the
-second (see the module's docstring)."""
-
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
     customer_id: int
     gone_by: float  # monotonic time by which the rows have surely expired
-    look_again: float = 0.0  # seconds after a deletion to delete once more
-    not_before: float = 0.0  # monotonic time of that second deletion
 
 
 class InDoubt:
@@ -65,18 +53,15 @@ class InDoubt:
         self._entries: dict[str, _Entry] = {}
         self._thread: threading.Thread | None = None
 
-    def add(self, customer_id: int, lease_id: str, ttl: float, *, look_again: float = 0.0) -> None:
+    def add(self, customer_id: int, lease_id: str, ttl: float) -> None:
         """Record ``lease_id`` before the step that may leave it in doubt
-        (kept at least as long as any earlier record of it asked). With
-        ``look_again`` (a grant), its rows are deleted once more that many
-        seconds after the first time."""
+        (kept at least as long as any earlier record of it asked)."""
         gone_by = time.monotonic() + 2 * ttl
         with self._lock:
             earlier = self._entries.get(lease_id)
             if earlier is not None:
                 gone_by = max(gone_by, earlier.gone_by)
-                look_again = max(look_again, earlier.look_again)
-            self._entries[lease_id] = _Entry(customer_id, gone_by, look_again)
+            self._entries[lease_id] = _Entry(customer_id, gone_by)
 
     def discard(self, lease_id: str) -> None:
         """Its rows are known gone (or known to expire unaided)."""
@@ -89,21 +74,16 @@ class InDoubt:
     def __contains__(self, lease_id: object) -> bool:
         return lease_id in self._entries
 
-    def settle(self, *, first: str | None = None, final: bool = False) -> bool:
+    def settle(self, *, first: str | None = None) -> bool:
         """Try to delete the rows of every lease in doubt, once each, ``first``
         first; True when none is left. The first database error ends the
         pass (the others would most likely meet it too, each after its own
-        retries): it is logged, not raised, and the rest wait for the next.
-        A second look that is not due yet waits, unless the pass is the
-        ``final`` one (the manager closes)."""
+        retries): it is logged, not raised, and the rest wait for the next."""
         with self._lock:
             entries = sorted(self._entries.items(), key=lambda item: item[0] != first)
         for done, (lease_id, entry) in enumerate(entries):
-            now = time.monotonic()
-            if now >= entry.gone_by:
+            if time.monotonic() >= entry.gone_by:
                 self.discard(lease_id)  # expired long ago: nothing left to block anyone
-                continue
-            if now < entry.not_before and not final:
                 continue
             try:
                 self._release(entry.customer_id, lease_id)
@@ -114,19 +94,8 @@ class InDoubt:
                     error,
                 )
                 break
-            if entry.look_again and not final:
-                self._look_again(lease_id, entry)
-            else:
-                self.discard(lease_id)
+            self.discard(lease_id)
         return not self._entries
-
-    def _look_again(self, lease_id: str, entry: _Entry) -> None:
-        """Keep ``lease_id`` for one more deletion, ``look_again`` from now
-        (unless a newer record of it replaced the entry meanwhile)."""
-        again = _Entry(entry.customer_id, entry.gone_by, 0.0, time.monotonic() + entry.look_again)
-        with self._lock:
-            if self._entries.get(lease_id) is entry:
-                self._entries[lease_id] = again
 
     def settle_soon(self) -> None:
         """Settle from a background thread, retrying every ``retry_every``

@@ -237,7 +237,7 @@ class AsyncPathLockManager:
                     lease._end(CLOSED_WHILE_HELD)
                     await self._wrap(lease)._release_held()
                 await asyncio.to_thread(core._calls.wait_idle, core.settings.close_wait)
-                await spawn(core._in_doubt.settle, final=True)
+                await spawn(core._in_doubt.settle)
                 pending = [task for task in self._tasks if not task.done()]
                 if pending:
                     await asyncio.wait(pending, timeout=core.settings.close_wait)

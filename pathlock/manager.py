@@ -38,7 +38,7 @@ from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_op
 from pathlock._heartbeat import Heartbeat, Stragglers
 from pathlock._records import GrantRequest
 from pathlock._routing import Router
-from pathlock._settling import LOOK_AGAIN, InDoubt
+from pathlock._settling import InDoubt
 from pathlock._store import Store
 from pathlock._transactions import THREAD, Runner, Transactions
 from pathlock._upkeep import Upkeep
@@ -665,7 +665,7 @@ class PathLockManager:
                 lease._end(CLOSED_WHILE_HELD)
                 lease.release()
             self._calls.wait_idle(self._settings.close_wait)
-            self._in_doubt.settle(final=True)
+            self._in_doubt.settle()
 
         deadlines.within(time.monotonic() + self._settings.close_time, release_all)
         self._finish_close()
@@ -827,9 +827,7 @@ class PathLockManager:
                     # (soon, from a background thread, once the database
                     # answers) or expire within the ttl.
                     self._abandon(request.lease_id, request.ttl)
-                    self._in_doubt.add(
-                        request.customer_id, request.lease_id, request.ttl, look_again=LOOK_AGAIN
-                    )
+                    self._in_doubt.add(request.customer_id, request.lease_id, request.ttl)
                     self._in_doubt.settle_soon()
                 if isinstance(error, ContentionTimeout) and not blocking:
                     # A try-lock that could not be granted without waiting.
@@ -897,9 +895,8 @@ class PathLockManager:
 
     def _resolve(self, customer_id: int, lease_id: str, ttl: float) -> None:
         """Delete whatever rows ``lease_id`` may have, now if possible, else
-        soon after from a background thread (and at close); and once more a
-        little later (see :mod:`pathlock._settling`)."""
-        self._in_doubt.add(customer_id, lease_id, ttl, look_again=LOOK_AGAIN)
+        soon after from a background thread (and at close)."""
+        self._in_doubt.add(customer_id, lease_id, ttl)
         # Until they are gone, its rows make this owner wait, not fail as a
         # request that waits for itself.
         self._abandon(lease_id, ttl)

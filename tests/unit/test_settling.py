@@ -50,35 +50,3 @@ def test_a_later_record_never_shortens_an_earlier_one() -> None:
     in_doubt.add(7, "lease", ttl=0.0)  # its queue row left behind: would be dropped at once
     assert not in_doubt.settle()
     assert "lease" in in_doubt
-
-
-def test_a_grant_in_doubt_is_deleted_once_more_a_little_later(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Its one-query grant may still have been on its way: rows that land
-    # after the first deletion go with the second.
-    clock = [1000.0]
-    monkeypatch.setattr("pathlock._settling.time.monotonic", lambda: clock[0])
-    database = Database(answers=1000)
-    in_doubt = InDoubt(database.release, lambda: False, name="test")
-    in_doubt.add(7, "grant", ttl=30.0, look_again=1.0)
-    in_doubt.add(7, "release", ttl=30.0)
-    assert not in_doubt.settle()
-    assert database.released == ["grant", "release"]
-    assert "grant" in in_doubt
-    assert "release" not in in_doubt
-    clock[0] += 0.5
-    assert not in_doubt.settle()  # not due yet
-    assert database.released == ["grant", "release"]
-    clock[0] += 0.5
-    assert in_doubt.settle()
-    assert database.released == ["grant", "release", "grant"]
-
-
-def test_the_final_pass_does_not_wait_for_a_second_look() -> None:
-    database = Database(answers=1000)
-    in_doubt = InDoubt(database.release, lambda: False, name="test")
-    in_doubt.add(7, "grant", ttl=30.0, look_again=60.0)
-    assert not in_doubt.settle()
-    assert in_doubt.settle(final=True)
-    assert database.released == ["grant", "grant"]
