@@ -49,17 +49,10 @@ _SENT: ContextVar[object | None] = ContextVar("pathlock_commit_sent", default=No
 
 
 class Reply(NamedTuple):
-    """What the server said about one statement of a batch: for a SELECT,
-    its rows too."""
+    """What the server said about one statement of a batch."""
 
     rowcount: int
     lastrowid: int
-    rows: tuple[Any, ...] = ()
-
-
-def _reply(cursor: Any) -> Reply:
-    rows = tuple(cursor.fetchall()) if cursor.description else ()
-    return Reply(cursor.rowcount, cursor.lastrowid, rows)
 
 
 def supports_batches(connection: Connection) -> bool:
@@ -132,12 +125,12 @@ def run(
         limit.commit_unanswered = True
     try:
         cursor.execute(sql, parameters)
-        replies = [_reply(cursor)]
+        replies = [Reply(cursor.rowcount, cursor.lastrowid)]
         # One result per statement, or the error of the one that failed
         # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
         for _ in steps[1:]:
             cursor.nextset()
-            replies.append(_reply(cursor))
+            replies.append(Reply(cursor.rowcount, cursor.lastrowid))
         if commit:
             cursor.nextset()  # the COMMIT's reply
     except error_class as error:

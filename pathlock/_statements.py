@@ -309,15 +309,6 @@ def queue_condition() -> ColumnElement[bool]:
     )
 
 
-# The customer's sentinel row, if a grant under the manager's case rule may
-# use it: the customer's first grant recorded the same rule, or none yet.
-_CASE = bindparam("c_case", type_=Boolean)
-_GRANTS_SENTINEL = and_(
-    customer_locks.c.customer_id == bindparam("c_id"),
-    or_(customer_locks.c.case_insensitive == _CASE, customer_locks.c.case_insensitive.is_(None)),
-)
-
-
 @functools.lru_cache(maxsize=256)
 def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
@@ -328,11 +319,7 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
     ``queued=True`` also requires that no older request is queued at all: the
     common case (an empty queue) stays one statement, and the store judges a
     non-empty queue request by request (:mod:`pathlock._fairness`) before
-    inserting with ``queued=False``.
-
-    The transaction has locked the sentinel row (``LOCK_SENTINEL``) and
-    writes it after this statement, only if it granted (``CLAIM``): the
-    rows' fencing token is the version that write sets."""
+    inserting with ``queued=False``."""
     paths = exclusive + shared
     requested = _requested(paths, "requested")
     values = (
@@ -346,17 +333,18 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
             bindparam("o_thread", type_=String),
             bindparam("o_key", type_=String),
             bindparam("why", type_=String),
-            # The fencing token: the sentinel's version as this transaction's
-            # write will leave it, so the statement needs no value from the
-            # client and can be sent together with the sentinel's statements
-            # (pathlock._batch). Joining the sentinel row also means no row
-            # goes in if it does not exist, or records the other case rule:
-            # then nothing serialized this grant.
-            customer_locks.c.version + 1,
+            # The fencing token: the sentinel's version as this transaction's own
+            # write left it, so the statement needs no value from the client and
+            # can be sent together with that write (pathlock._batch). Joining the
+            # sentinel row also means no row goes in if it does not exist: then
+            # nothing serialized this grant.
+            customer_locks.c.version,
             now(),
             now_plus(bindparam("ttl_us", type_=BigInteger)),
         )
-        .select_from(requested.join(customer_locks, _GRANTS_SENTINEL))
+        .select_from(
+            requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
+        )
         .where(
             ~equal_conflicts(paths, path_locks.c.id).exists(),
             ~below_conflicts(exclusive, shared, path_locks.c.id).exists(),
@@ -389,36 +377,27 @@ BUMP = (
 )
 # BUMP for a grant: it also records the customer's case rule, and writes nothing
 # (no row) when the customer's first grant recorded the other one.
+_CASE = bindparam("c_case", type_=Boolean)
 CLAIM = (
     update(customer_locks)
-    .where(_GRANTS_SENTINEL)
+    .where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        or_(
+            customer_locks.c.case_insensitive == _CASE,
+            customer_locks.c.case_insensitive.is_(None),
+        ),
+    )
     .values(version=Fenced(customer_locks.c.version + 1), case_insensitive=_CASE)
 )
 CASE_RULE = select(customer_locks.c.case_insensitive).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
-# A grant in one round trip (sent in one batch, in this order): lock the
-# sentinel row without writing it; the grant statement; write the sentinel
-# only if the request's rows are there, carrying the token this write hands
-# out, and then take the request out of the queue. A denied attempt has
-# written nothing, so its COMMIT may travel in the same batch (on a cluster, a
-# transaction that writes nothing is not replicated). The sentinel is locked
-# by the first statement, before the grant statement reads anything, as a
-# write would lock it. The conditions read the rows themselves, not a count
-# the session keeps: whatever happened to the statement before, the sentinel
-# is written exactly when rows with its new version as their token will be
-# committed.
-LOCK_SENTINEL = select(customer_locks.c.version).where(_GRANTS_SENTINEL).with_for_update()
-_REQUEST_GRANTED = exists().where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.lease_id == bindparam("l_id"),
-)
-BUMP_IF_GRANTED = CLAIM.where(
-    exists().where(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id"),
-        path_locks.c.fencing_token == customer_locks.c.version + 1,
-    )
+# Undoes BUMP within its transaction: the sentinel is still written (the lock
+# and, on a cluster, the write conflict stay), but the version does not move.
+UNBUMP = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(version=customer_locks.c.version - 1)
 )
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
 # If absent: a concurrent first use may insert the row too.
@@ -431,18 +410,6 @@ LANDED = (
         path_locks.c.customer_id == bindparam("c_id"), path_locks.c.lease_id == bindparam("l_id")
     )
     .limit(1)
-)
-# A retried grant that finds its rows committed with a token above the
-# sentinel's version (they went in without the write that hands the token out,
-# which must not happen) moves the version up to it: no later grant hands out
-# that token again.
-ADVANCE_SENTINEL = (
-    update(customer_locks)
-    .where(
-        customer_locks.c.customer_id == bindparam("c_id"),
-        customer_locks.c.version < bindparam("token", type_=BigInteger),
-    )
-    .values(version=bindparam("token", type_=BigInteger))
 )
 DROP_EXPIRED_LEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
@@ -533,8 +500,6 @@ DEQUEUE = delete(path_lock_waiters).where(
     path_lock_waiters.c.ticket == bindparam("w_ticket"),
     path_lock_waiters.c.lease_id == bindparam("l_id"),
 )
-# With BUMP_IF_GRANTED, in the same batch: only if the request was granted.
-DEQUEUE_IF_GRANTED = DEQUEUE.where(_REQUEST_GRANTED)
 # A request whose outcome is in doubt (interrupted) leaves the queue by its
 # lease id: the ticket may never have reached the client.
 FORGET_REQUEST = delete(path_lock_waiters).where(

@@ -22,13 +22,11 @@ they share.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.sql.expression import Executable
 
 from pathlock import _batch as batch
 from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
@@ -44,13 +42,10 @@ from pathlock._records import (
     waiter_parameters,
 )
 from pathlock._statements import (
-    ADVANCE_SENTINEL,
     BUMP,
-    BUMP_IF_GRANTED,
     CLAIM,
     CLAIM_SENTINELS,
     DEQUEUE,
-    DEQUEUE_IF_GRANTED,
     DROP_EXPIRED_LEASE,
     ENQUEUE,
     ENQUEUED,
@@ -59,7 +54,6 @@ from pathlock._statements import (
     LANDED,
     LEASE_ALIVE,
     LIVE_WAITERS,
-    LOCK_SENTINEL,
     LOCK_SENTINELS,
     MAX_BLOCKERS,
     NO_TICKET,
@@ -68,6 +62,7 @@ from pathlock._statements import (
     RELEASE,
     RELEASE_OWNER,
     RENEW,
+    UNBUMP,
     VERSION,
     blockers_query,
     grant_statement,
@@ -76,8 +71,6 @@ from pathlock._statements import (
 from pathlock._transactions import Transactions
 from pathlock.errors import BackendError
 from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
-
-log = logging.getLogger("pathlock.store")
 
 
 @dataclass
@@ -179,8 +172,7 @@ class Store:
         batch, before its time starts to run (see :func:`batch.prepare`)."""
         dialect = self.router.nodes[0].engine.dialect
         if self.dialect.batches:
-            for statement in (LOCK_SENTINEL, CLAIM, BUMP_IF_GRANTED, DEQUEUE_IF_GRANTED):
-                batch.prepare(statement, dialect)
+            batch.prepare(CLAIM, dialect)
             batch.prepare(grant_statement(*shape(request.paths), queued=True), dialect)
 
     def try_grant(
@@ -207,13 +199,10 @@ class Store:
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
             if number == 1 and self.dialect.can_batch(connection):
-                granted = self._grant_in_one(connection, request, ticket)
-                if granted is not None:
-                    return granted
                 outcome = self._grant_batched(connection, request, ticket, queue)
                 if outcome is not None:
                     return outcome
-            version = self._tx.lock_sentinel(connection, request.customer_id)
+            token = self._tx.bump(connection, request.customer_id, grant=True)
             known = ticket
             if number > 1:
                 # The previous attempt may have failed after its COMMIT landed
@@ -223,7 +212,8 @@ class Store:
                 parameters = {"c_id": request.customer_id, "l_id": request.lease_id}
                 landed = connection.execute(LANDED, parameters).first()
                 if landed is not None and landed.alive:
-                    return self._landed(connection, request, version, int(landed.fencing_token))
+                    connection.rollback()
+                    return Granted(int(landed.fencing_token))
                 if landed is not None:
                     # It landed, but its reply came back after its ttl: others
                     # may hold the paths by now. Drop the expired rows and
@@ -231,7 +221,7 @@ class Store:
                     connection.execute(DROP_EXPIRED_LEASE, parameters)
                 if known is None:
                     known = connection.execute(ENQUEUED, parameters).scalar()
-            return self._grant(connection, request, version, known, queue)
+            return self._grant(connection, request, token, known, queue)
 
         return self._tx.run(
             "acquiring locks",
@@ -241,99 +231,32 @@ class Store:
             patience=patience,
         )
 
-    @staticmethod
-    def _landed(connection: Connection, request: GrantRequest, version: int, token: int) -> Granted:
-        """The grant of an earlier attempt whose COMMIT landed, found by a
-        retry that holds the sentinel row at ``version``. Its token is at most
-        that version, as every grant writes the sentinel with its rows. One
-        above it means its rows went in without that write: the version moves
-        up to it, and the request leaves the queue, in a commit, so that no
-        later grant hands the token out again."""
-        if token <= version:
-            connection.rollback()
-            return Granted(token)
-        log.warning(
-            "acquiring locks: lease %s of customer %s found with fencing token %d above "
-            "the sentinel's version %d; moving the version up to it",
-            request.lease_id,
-            request.customer_id,
-            token,
-            version,
-        )
-        parameters = {"c_id": request.customer_id, "l_id": request.lease_id, "token": token}
-        connection.execute(ADVANCE_SENTINEL, parameters)
-        connection.execute(FORGET_REQUEST, parameters)
-        connection.commit()
-        return Granted(token)
-
-    def _grant_in_one(
-        self, connection: Connection, request: GrantRequest, ticket: int | None
-    ) -> Granted | None:
-        """The grant of a request nothing is in the way of, in one round trip
-        with its COMMIT (see ``LOCK_SENTINEL``). ``None`` if it did not grant:
-        then it wrote nothing, its transaction is over, and the caller
-        attempts the usual way, which also reads who is in the way and queues
-        the request."""
-        commit = batch.commits_in_batches(connection)
-        parameters = self._grant_parameters(request, ticket)
-        steps: list[tuple[Executable, dict[str, Any]]] = [
-            (LOCK_SENTINEL, parameters),
-            (grant_statement(*shape(request.paths), queued=True), parameters),
-            (BUMP_IF_GRANTED, parameters),
-        ]
-        if ticket is not None:
-            steps.append((DEQUEUE_IF_GRANTED, parameters))
-        _locked, granted, bumped, *_ = batch.run(connection, steps, commit=commit)
-        inserted = granted.rowcount
-        if inserted == len(request.paths) and bumped.rowcount == 1:
-            if not commit:
-                connection.commit()
-            return Granted(bumped.lastrowid)
-        if inserted == 0:
-            if not commit:
-                connection.rollback()
-            return None
-        # Some rows but not all: one consistent read makes it impossible.
-        if commit:
-            # Committed already: take them out again before saying so.
-            self._tx.bump(connection, request.customer_id)
-            connection.execute(RELEASE, {"c_id": request.customer_id, "l_id": request.lease_id})
-            connection.commit()
-        else:
-            connection.rollback()
-        raise BackendError(
-            "acquiring locks",
-            RuntimeError(f"{inserted} of {len(request.paths)} rows inserted; taken back"),
-        )
-
     def _grant_batched(
         self, connection: Connection, request: GrantRequest, ticket: int | None, queue: bool
     ) -> Granted | Blocked | Deadlocked | None:
-        """The first two statements of :meth:`_grant` (lock the sentinel row,
-        then the grant) in one round trip; ``None`` (rolled back) if the
-        sentinel row does not exist yet or records the other case rule: then
-        nothing was serialized, and the caller attempts the usual way."""
+        """The first two statements of :meth:`_grant` (sentinel write, then
+        the grant) in one round trip; ``None`` (rolled back) if the sentinel
+        row does not exist yet: then nothing was serialized, and the caller
+        creates it and attempts the usual way."""
         parameters = self._grant_parameters(request, ticket)
-        locked, granted = batch.run(
+        bumped, granted = batch.run(
             connection,
             [
-                (LOCK_SENTINEL, self._tx.claim_parameters(request.customer_id)),
+                (CLAIM, self._tx.claim_parameters(request.customer_id)),
                 (grant_statement(*shape(request.paths), queued=True), parameters),
             ],
         )
-        if not locked.rows:
+        if bumped.rowcount == 0:
             connection.rollback()
             return None
-        version = int(locked.rows[0][0])
+        token = bumped.lastrowid
         if self._all_or_none(connection, request, granted.rowcount):
-            return self._granted(connection, request, version, ticket)
-        return self._denied(
-            connection, request, version, ticket, queue=queue, parameters=parameters
-        )
+            return self._granted(connection, request, token, ticket)
+        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
 
-    def _grant_parameters(self, request: GrantRequest, ticket: int | None) -> dict[str, Any]:
+    @staticmethod
+    def _grant_parameters(request: GrantRequest, ticket: int | None) -> dict[str, Any]:
         parameters = grant_parameters(request)
-        parameters.update(self._tx.claim_parameters(request.customer_id))
         parameters["w_ticket"] = NO_TICKET if ticket is None else ticket
         return parameters
 
@@ -341,27 +264,23 @@ class Store:
         self,
         connection: Connection,
         request: GrantRequest,
-        version: int,
+        token: int,
         ticket: int | None,
         queue: bool,
     ) -> Granted | Blocked | Deadlocked:
-        """Grant ``request`` or tell what is in the way, under the customer's
-        sentinel row, which this transaction has locked (at ``version``)."""
         parameters = self._grant_parameters(request, ticket)
         # Check and insert in one statement: the rows go in only if no live
         # conflicting row exists and nobody is queued before us (the subquery
         # is one consistent read, so it is all rows or none).
         if self._insert(connection, request, parameters, queued=True):
-            return self._granted(connection, request, version, ticket)
-        return self._denied(
-            connection, request, version, ticket, queue=queue, parameters=parameters
-        )
+            return self._granted(connection, request, token, ticket)
+        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
 
     def _denied(
         self,
         connection: Connection,
         request: GrantRequest,
-        version: int,
+        token: int,
         ticket: int | None,
         *,
         queue: bool,
@@ -378,19 +297,19 @@ class Store:
                 return deadlock
         elif not picture.ahead and self._insert(connection, request, parameters, queued=False):
             # The queue was not empty, but nobody in it conflicts.
-            return self._granted(connection, request, version, ticket)
+            return self._granted(connection, request, token, ticket)
         blockers, ahead = picture.blockers, picture.ahead
         if queue and ticket is None:
             # Queued under the sentinel, so every later grant sees it. The
-            # sentinel is not written: nobody watching has anything new to
-            # try, and on a cluster the queue row alone is replicated.
+            # version stays put: nobody watching has anything new to try.
             ticket = connection.execute(
                 ENQUEUE, waiter_parameters(request, self.settings.waiter_ttl)
             ).lastrowid
+            connection.execute(UNBUMP, {"c_id": request.customer_id})
             connection.commit()
         else:
-            connection.rollback()
-        return Blocked(blockers, ahead, ticket, version)
+            connection.rollback()  # the version bump goes with it
+        return Blocked(blockers, ahead, ticket, token - 1)
 
     @classmethod
     def _insert(
@@ -417,27 +336,15 @@ class Store:
             RuntimeError(f"{inserted} of {len(request.paths)} rows inserted; rolled back"),
         )
 
+    @staticmethod
     def _granted(
-        self, connection: Connection, request: GrantRequest, version: int, ticket: int | None
+        connection: Connection, request: GrantRequest, token: int, ticket: int | None
     ) -> Granted:
-        """Write the sentinel row (locked at ``version``) for the rows just
-        inserted, take the request out of the queue, and commit."""
-        steps: list[tuple[Executable, dict[str, Any]]] = [
-            (CLAIM, self._tx.claim_parameters(request.customer_id))
-        ]
         if ticket is not None:
             parameters = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
-            steps.append((DEQUEUE, parameters))
-        if self.dialect.can_batch(connection):
-            commit = batch.commits_in_batches(connection)
-            batch.run(connection, steps, commit=commit)
-        else:
-            commit = False
-            for statement, parameters in steps:
-                connection.execute(statement, parameters)
-        if not commit:
-            connection.commit()
-        return Granted(version + 1)
+            connection.execute(DEQUEUE, parameters)
+        connection.commit()
+        return Granted(token)
 
     def could_grant(
         self, request: GrantRequest, ticket: int | None, *, deadline: float | None = None

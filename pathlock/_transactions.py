@@ -20,7 +20,7 @@ from pathlock import _interrupts as interrupts
 from pathlock import events
 from pathlock._flow import drive
 from pathlock._routing import Node, Router
-from pathlock._statements import BUMP, CASE_RULE, CREATE_SENTINEL, LOCK_SENTINEL, VERSION
+from pathlock._statements import BUMP, CASE_RULE, CLAIM, CREATE_SENTINEL, VERSION
 from pathlock.dialects import READ_ONLY
 from pathlock.errors import BackendError, CaseRuleMismatch, ContentionTimeout, DatabaseTimeout
 from pathlock.settings import DEFAULT, Settings
@@ -421,34 +421,18 @@ class Transactions:
     # -- the sentinel ---------------------------------------------------------
 
     def claim_parameters(self, customer_id: int) -> dict[str, Any]:
-        """The parameters of a grant's sentinel statements (``LOCK_SENTINEL``,
-        ``CLAIM``): the customer, and the manager's case rule."""
+        """The parameters of ``CLAIM``, a grant's sentinel write."""
         return {"c_id": customer_id, "c_case": self.case_insensitive}
 
-    def lock_sentinel(self, connection: Connection, customer_id: int) -> int:
-        """Lock the customer's sentinel row for a grant, without writing it,
-        and return its version; the grant writes it (``CLAIM``) only if it
-        grants, so an attempt that is denied, or queued, writes nothing to
-        it. Creates the row at the customer's first use, and raises
+    def bump(self, connection: Connection, customer_id: int, *, grant: bool = False) -> int:
+        """Write the customer's sentinel row and return its new version. A
+        ``grant`` also records the manager's case rule, and raises
         :class:`CaseRuleMismatch` if the customer's first grant recorded the
-        other case rule."""
-        parameters = self.claim_parameters(customer_id)
-        version = connection.execute(LOCK_SENTINEL, parameters).scalar()
-        if version is None:
-            # First use of this customer: see bump().
-            connection.rollback()
-            connection.execute(CREATE_SENTINEL, {"c_id": customer_id})
-            connection.commit()
-            version = connection.execute(LOCK_SENTINEL, parameters).scalar()
-            if version is None:
-                recorded = connection.execute(CASE_RULE, {"c_id": customer_id}).scalar()
-                connection.rollback()
-                raise CaseRuleMismatch(customer_id, bool(recorded))
-        return int(version)
-
-    def bump(self, connection: Connection, customer_id: int) -> int:
-        """Write the customer's sentinel row and return its new version."""
-        result = connection.execute(BUMP, {"c_id": customer_id})
+        other one."""
+        statement, parameters = (
+            (CLAIM, self.claim_parameters(customer_id)) if grant else (BUMP, {"c_id": customer_id})
+        )
+        result = connection.execute(statement, parameters)
         if result.rowcount == 0:
             # First use of this customer: create the row in a transaction of
             # its own. Inserting and then updating it in one transaction
@@ -457,7 +441,11 @@ class Transactions:
             connection.rollback()
             connection.execute(CREATE_SENTINEL, {"c_id": customer_id})
             connection.commit()
-            result = connection.execute(BUMP, {"c_id": customer_id})
+            result = connection.execute(statement, parameters)
+            if result.rowcount == 0 and grant:
+                recorded = connection.execute(CASE_RULE, {"c_id": customer_id}).scalar()
+                connection.rollback()
+                raise CaseRuleMismatch(customer_id, bool(recorded))
         token: Any
         if self.dialect.token_from_reply:
             token = result.lastrowid

@@ -79,24 +79,14 @@ class CommitFaults:
         monkeypatch.setattr(Connection, "_execute_command", faulty_send)
         monkeypatch.setattr(pymysql.cursors.Cursor, "nextset", faulty_nextset)
 
-    def lose_reply(
-        self,
-        code: int = 2013,
-        *,
-        stall: float = 0.0,
-        meanwhile: Callable[[], None] | None = None,
-    ) -> None:
+    def lose_reply(self, code: int = 2013, *, stall: float = 0.0) -> None:
         """The next COMMIT lands; then, after ``stall`` seconds, the
-        connection fails with ``code`` as if its reply never came. In between,
-        ``meanwhile`` is called (another client's doing while the reply is
-        on its way)."""
+        connection fails with ``code`` as if its reply never came."""
 
         def lost(connection: Connection, before: bool) -> None:
             if before:
                 return
             time.sleep(stall)
-            if meanwhile is not None:
-                meanwhile()
             connection._force_close()
             raise pymysql.err.OperationalError(code, "reply lost after the COMMIT landed (test)")
 

@@ -200,9 +200,7 @@ def test_a_hung_node_is_passed_over_within_the_timeout(
 
 def _grant_and_freeze_before_commit(url: str, customer_id: int, ready: Any) -> None:
     """Run a real grant and stop this process (SIGSTOP) when its COMMIT is
-    about to go out: its transaction holds the customer's row. (Through an
-    engine of its own: on pathlock's engines an uncontended grant's COMMIT
-    goes out in the same query as its statements.)"""
+    about to go out: its transaction holds the customer's row."""
     commit = pymysql.connections.Connection.commit
 
     def frozen_commit(self: pymysql.connections.Connection) -> None:
@@ -211,8 +209,7 @@ def _grant_and_freeze_before_commit(url: str, customer_id: int, ready: Any) -> N
         commit(self)
 
     pymysql.connections.Connection.commit = frozen_commit
-    engine = create_engine(url, isolation_level="READ COMMITTED")
-    with PathLockManager(engine, node_id="frozen", heartbeat=False) as manager:
+    with PathLockManager(url, node_id="frozen", heartbeat=False) as manager:
         manager.for_customer(customer_id).lock_paths("/frozen", timeout=5)
 
 

@@ -145,43 +145,6 @@ def test_a_grant_whose_reply_came_back_after_its_ttl_is_not_returned(
         theirs.release()
 
 
-def test_a_retried_grant_whose_rows_are_ahead_of_the_sentinel_hands_out_no_token_twice(
-    mariadb_url: str,
-    customer_id: int,
-    mariadb_engine: Engine,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # Every grant writes the sentinel with its rows, so a retry that finds its
-    # rows landed finds their token at most the sentinel's version. Should
-    # rows ever go in without that write (rewound here by hand, while the
-    # grant's reply is on its way), the retry moves the version up to their
-    # token: the next grant must not be handed the same one.
-    def rewind() -> None:
-        with mariadb_engine.begin() as connection:
-            connection.execute(
-                text("UPDATE customer_locks SET version = version - 1 WHERE customer_id = :c"),
-                {"c": customer_id},
-            )
-
-    faults = CommitFaults(monkeypatch)
-    with PathLockManager(mariadb_url, node_id="web-1", heartbeat=False) as manager:
-        locks = manager.for_customer(customer_id)
-        locks.lock_paths("/warm-up").release()
-        faults.lose_reply(LOST, meanwhile=rewind)
-        with caplog.at_level(logging.WARNING, logger="pathlock"):
-            first = locks.lock_paths("/a")
-        assert any("above the sentinel's version" in r.getMessage() for r in caplog.records)
-        second = locks.lock_paths("/b")
-        assert second.fencing_token > first.fencing_token
-        assert _rows(mariadb_engine, customer_id) == [
-            ("/a", first.lease_id),
-            ("/b", second.lease_id),
-        ]
-        first.release()
-        second.release()
-
-
 def test_a_hung_server_fails_calls_instead_of_hanging_them(
     private_server: private_mariadb.PrivateMariaDB, customer_id: int
 ) -> None:

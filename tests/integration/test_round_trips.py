@@ -4,8 +4,7 @@ PyMySQL sends, counted where it sends them."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,87 +50,6 @@ def test_a_release_is_one_round_trip_on_the_engines_pathlock_creates(
         assert again.fencing_token > lease.fencing_token
         again.release()
         assert locks.list_locks() == []
-
-
-def test_an_uncontended_grant_is_one_round_trip_with_its_commit(
-    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with PathLockManager(mariadb_url, heartbeat=False) as manager:
-        locks = manager.for_customer(customer_id)
-        locks.lock_paths("/first").release()  # the customer's sentinel row exists
-        with sent(monkeypatch) as commands:
-            lease = locks.lock_paths("/a/b", shared=["/c"])
-        assert len(commands) == 1, commands
-        assert commands[0].rstrip().endswith("COMMIT")
-        # The rows carry the version the grant's sentinel write set.
-        assert [info.fencing_token for info in locks.list_locks()] == [lease.fencing_token] * 2
-        with manager.engine.connect() as connection:
-            version = connection.execute(
-                text("SELECT version FROM customer_locks WHERE customer_id = :c"),
-                {"c": customer_id},
-            ).scalar()
-        assert version == lease.fencing_token
-        with sent(monkeypatch) as commands:
-            lease.release()
-        assert len(commands) == 1, commands
-
-
-@contextmanager
-def sentinel_writes(url: str, customer_id: int) -> Iterator[Callable[[], int]]:
-    """How many writes of the customer's sentinel row have been committed
-    meanwhile (a trigger counts them in a table of its own)."""
-    engine = create_engine(url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql("CREATE TABLE sentinel_writes (customer_id BIGINT)")
-        connection.exec_driver_sql(
-            "CREATE TRIGGER count_sentinel_writes AFTER UPDATE ON customer_locks FOR EACH ROW "
-            f"IF NEW.customer_id = {int(customer_id)} THEN "
-            "INSERT INTO sentinel_writes VALUES (NEW.customer_id); END IF"
-        )
-
-    def count() -> int:
-        with engine.connect() as connection:
-            return int(connection.exec_driver_sql("SELECT COUNT(*) FROM sentinel_writes").scalar())
-
-    try:
-        yield count
-    finally:
-        with engine.begin() as connection:
-            connection.exec_driver_sql("DROP TRIGGER count_sentinel_writes")
-            connection.exec_driver_sql("DROP TABLE sentinel_writes")
-        engine.dispose()
-
-
-def test_a_denied_or_queued_request_commits_no_sentinel_write(
-    mariadb_url: str, customer_id: int
-) -> None:
-    """On a cluster every committed sentinel write is certified against every
-    other node's: a request that is only denied, or queued, writes none (its
-    queue row alone is replicated). Grants and releases do."""
-    with (
-        PathLockManager(mariadb_url, heartbeat=False) as manager,
-        sentinel_writes(mariadb_url, customer_id) as writes,
-    ):
-        locks = manager.for_customer(customer_id)
-        holder = locks.lock_paths("/a")
-        assert writes() == 1
-        assert locks.try_lock_paths("/a/b") is None
-        assert writes() == 1
-
-        with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(locks.lock_paths, "/a/b", timeout=30)
-            deadline = time.monotonic() + 10
-            while not manager.list_waiters(customer_id=customer_id) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert manager.list_waiters(customer_id=customer_id)
-            assert writes() == 1  # queued: no write
-            holder.release()
-            lease = waiting.result(timeout=30)
-        # The release, and the grant of the request that waited, which also
-        # left the queue in the grant's transaction.
-        assert writes() == 3
-        assert manager.list_waiters(customer_id=customer_id) == []
-        lease.release()
 
 
 def test_an_engine_passed_in_sends_the_commit_on_its_own(

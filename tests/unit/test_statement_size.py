@@ -24,10 +24,8 @@ from sqlalchemy.sql.expression import Executable
 from pathlock import InvalidArgument, PathLockError, RequestTooLarge
 from pathlock._records import GrantRequest, grant_parameters, waiter_parameters
 from pathlock._statements import (
-    BUMP_IF_GRANTED,
-    DEQUEUE_IF_GRANTED,
+    BUMP,
     ENQUEUE,
-    LOCK_SENTINEL,
     NO_TICKET,
     _integer_rows,
     blockers_query,
@@ -71,16 +69,11 @@ def _request(exclusive: Sequence[str], shared: Sequence[str] = ()) -> GrantReque
 
 def _sizes(request: GrantRequest) -> dict[str, int]:
     """Bytes of every statement the request sends: the grant with the
-    sentinel's statements around it (one packet), the blockers query, the
-    enqueue."""
-    claim = {"c_id": request.customer_id, "c_case": False}
-    parameters = grant_parameters(request) | claim | {"w_ticket": NO_TICKET}
+    sentinel write before it (one packet), the blockers query, the enqueue."""
+    parameters = grant_parameters(request) | {"w_ticket": NO_TICKET}
     grant = grant_statement(*shape(request.paths), queued=True)
     return {
-        "grant": _sent(LOCK_SENTINEL, claim)
-        + _sent(grant, parameters)
-        + _sent(BUMP_IF_GRANTED, parameters)
-        + _sent(DEQUEUE_IF_GRANTED, parameters),
+        "grant": _sent(BUMP, {"c_id": request.customer_id}) + _sent(grant, parameters),
         "blockers": _sent(blockers_query(*shape(request.paths)), parameters),
         "enqueue": _sent(ENQUEUE, waiter_parameters(request, waiter_ttl=5.0)),
     }
