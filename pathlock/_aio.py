@@ -282,12 +282,12 @@ class LoopRunner:
                 result = await asyncio.shield(attempt)
             except asyncio.CancelledError:
                 # The caller's task was cancelled while the attempt was under
-                # way. A grant's COMMIT travels with its statements, so
-                # dropping the connection now would leave them on their way:
-                # they could land after whatever the caller does next to undo
-                # the attempt (delete its rows by lease id). The attempt runs
-                # to its end first (within its own time), so that it is done,
-                # or never will be.
+                # way. Dropping the connection now would leave a query on its
+                # way (a COMMIT, or a release's statements with theirs) that
+                # could land after whatever the caller does next to undo the
+                # attempt (delete its rows by lease id). The attempt runs to
+                # its end first (within its own time), so that it is done, or
+                # never will be.
                 attempt.add_done_callback(_retrieved)
                 await asyncio.wait([attempt])
                 raise

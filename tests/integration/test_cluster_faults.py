@@ -55,7 +55,6 @@ from typing import Any
 
 import pytest
 from pymysql.connections import Connection
-from sqlalchemy import create_engine
 
 from pathlock import Lease, PathLockError, PathLockManager, Settings
 from servers import galera_cluster
@@ -799,11 +798,7 @@ def test_a_grant_whose_commit_was_refused_is_not_granted_without_rows(
     refuses with 1047 and leaves the transaction open (it refuses ROLLBACK
     too); pathlock retries on the same node; the node comes back. The retry
     must not be granted inside the old transaction: if it returns a lease,
-    the lease's rows exist and nobody else is granted its path. Through an
-    engine of the test's own, which sends the COMMIT on its own: on the
-    engines pathlock creates an uncontended grant's COMMIT travels in one
-    query with its statements, the first of which the cut-off node refuses
-    (a refused COMMIT at the end of such a query: test_outages.py)."""
+    the lease's rows exist and nobody else is granted its path."""
     cluster = healthy_cluster
     customer = secrets.randbelow(2**40) + 1
     urls = cluster.urls(CLUSTER_DATABASE)
@@ -830,28 +825,24 @@ def test_a_grant_whose_commit_was_refused_is_not_granted_without_rows(
     # Enough attempts (with their growing delays, about 25 s) to outlast the
     # rejoin (about 5 s): with the default 5 (0.75 s) a rejoin that quick is
     # rarer, not impossible.
-    engine = create_engine(urls[0], isolation_level="READ COMMITTED")
-    try:
-        with PathLockManager(
-            engine, node_id="refused-commit", ttl=60, heartbeat=False, max_attempts=10
-        ) as manager:
-            locks = manager.for_customer(customer)
-            locks.lock_paths("/warm-up").release()
-            armed.set()
-            try:
-                lease = locks.try_lock_paths("/a")
-            except PathLockError:
-                lease = None
-            healer.join(90)
-            rows = _synced_rows(cluster, customer)
-            print(
-                f"\ncluster-faults[refused-commit] lease {lease!r}; rows on the nodes {rows}",
-                file=sys.stderr,
-            )
-            if lease is not None:
-                assert all(row == [("/a", lease.lease_id, lease.fencing_token)] for row in rows)
-                with PathLockManager(urls[1], node_id="refused-commit-other") as other:
-                    assert other.for_customer(customer).try_lock_paths("/a") is None
-                lease.release()
-    finally:
-        engine.dispose()
+    with PathLockManager(
+        urls[0], node_id="refused-commit", ttl=60, heartbeat=False, max_attempts=10
+    ) as manager:
+        locks = manager.for_customer(customer)
+        locks.lock_paths("/warm-up").release()
+        armed.set()
+        try:
+            lease = locks.try_lock_paths("/a")
+        except PathLockError:
+            lease = None
+        healer.join(90)
+        rows = _synced_rows(cluster, customer)
+        print(
+            f"\ncluster-faults[refused-commit] lease {lease!r}; rows on the nodes {rows}",
+            file=sys.stderr,
+        )
+        if lease is not None:
+            assert all(row == [("/a", lease.lease_id, lease.fencing_token)] for row in rows)
+            with PathLockManager(urls[1], node_id="refused-commit-other") as other:
+                assert other.for_customer(customer).try_lock_paths("/a") is None
+            lease.release()
