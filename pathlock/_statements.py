@@ -17,7 +17,7 @@ import functools
 import operator
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -55,7 +55,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
 from pathlock.dialects import Fenced, Now, NowPlus, force_index, insert_if_absent
-from pathlock.paths import descendants_range, prefix_lengths
+from pathlock.paths import ancestors, descendants_range, prefix_lengths
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
 
@@ -205,34 +205,55 @@ PATH_INDEX = next(
 )
 
 
-def equal_conflicts(paths: int, *columns: Any) -> Select[Any]:
+def equal_conflicts(form: Shape, *columns: Any) -> Select[Any]:
     """Live rows of the customer on a requested path or one of its ancestors,
-    in a mode that conflicts with the request's. One index lookup of
-    ``(customer_id, path)`` per prefix row: each ancestor is cut from the
-    requested path by the database (``SUBSTRING(path, 1, n)``)."""
-    requested = _requested(paths, "requested_paths")
-    prefix = _prefixes()
-    statement = (
-        select(*columns)
-        .select_from(
-            requested.join(prefix, prefix.c.k == requested.c.k).join(
-                path_locks,
+    in a mode that conflicts with the request's: one index lookup of
+    ``(customer_id, path)`` per path met by equality.
+
+    A request of the usual size names those paths in two lists (``:x_eq``:
+    met by the exclusive paths, any row there conflicts; ``:s_eq``: met by
+    the shared ones, only exclusive rows conflict), a plain ``IN`` the server
+    parses and plans at the least cost. A larger one sends, instead of every
+    ancestor spelled out (the square of a path's depth in characters), the
+    lengths the database cuts them at (``SUBSTRING(path, 1, n)``): see
+    :func:`shape`."""
+    if form.spelled:
+        met: list[ColumnElement[bool]] = []
+        if form.exclusive:
+            met.append(path_locks.c.path.in_(bindparam("x_eq", expanding=True)))
+        if form.shared:
+            met.append(
                 and_(
-                    path_locks.c.customer_id == bindparam("c_id"),
-                    path_locks.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
-                ),
+                    path_locks.c.mode == EXCLUSIVE,
+                    path_locks.c.path.in_(bindparam("s_eq", expanding=True)),
+                )
+            )
+        statement = select(*columns).where(*_alive(), or_(*met))
+    else:
+        requested = _requested(form.paths, "requested_paths")
+        prefix = _prefixes()
+        statement = (
+            select(*columns)
+            .select_from(
+                requested.join(prefix, prefix.c.k == requested.c.k).join(
+                    path_locks,
+                    and_(
+                        path_locks.c.customer_id == bindparam("c_id"),
+                        path_locks.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
+                    ),
+                )
+            )
+            .where(
+                path_locks.c.expires_at > now(),
+                or_(requested.c.mode == EXCLUSIVE, path_locks.c.mode == EXCLUSIVE),
             )
         )
-        .where(
-            path_locks.c.expires_at > now(),
-            or_(requested.c.mode == EXCLUSIVE, path_locks.c.mode == EXCLUSIVE),
-        )
-    )
-    # The lookups are by value computed per row, which MySQL/MariaDB cost
-    # from the index statistics alone. While those are stale (a customer's
-    # rows grew fast after the last ANALYZE), they guessed half the table per
-    # lookup and scanned all of the customer's rows instead (EXPLAIN, 100,000
-    # rows): the index is the plan whatever the statistics say.
+    # The lookups are by values MySQL/MariaDB cost from the index statistics
+    # alone (computed per row, or a list). While those are stale (a
+    # customer's rows grew fast after the last ANALYZE), they guessed half
+    # the table per lookup and scanned all of the customer's rows instead
+    # (EXPLAIN, 100,000 rows), or took the expires_at index: the index is
+    # the plan whatever the statistics say.
     return force_index(statement, path_locks, PATH_INDEX)
 
 
@@ -260,15 +281,62 @@ def below_conflicts(exclusive: int, shared: int, *columns: Any) -> Select[Any]:
     return select(*columns).where(*_alive(), or_(*clauses))
 
 
-def conflict_parameters(paths: Sequence[PathMode]) -> dict[str, Any]:
-    """The bind parameters of the conflict queries for ``paths``."""
+# A request names the paths it meets by equality (its paths and their
+# ancestors) in lists while they add up to at most this many characters and
+# entries: every request of the usual size. A path of 2,000 components alone
+# has 2,000 ancestors of up to 4,000 characters each (4 MB spelled out); such
+# requests send the lengths to cut them at instead (see equal_conflicts).
+SPELLED_CHARACTERS = 16_384
+SPELLED_ENTRIES = 512
+
+
+class Shape(NamedTuple):
+    """What the statements of a request are built for: how many exclusive and
+    how many shared paths, and whether the paths they meet by equality are
+    spelled out (see :func:`equal_conflicts`)."""
+
+    exclusive: int
+    shared: int
+    spelled: bool
+
+    @property
+    def paths(self) -> int:
+        return self.exclusive + self.shared
+
+
+def shape(paths: Sequence[PathMode]) -> Shape:
+    """The :class:`Shape` of a request of ``paths``."""
+    exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
+    entries = characters = 0
+    for path, _ in paths:
+        lengths = prefix_lengths(path)
+        entries += len(lengths)
+        characters += sum(lengths)
+    spelled = entries <= SPELLED_ENTRIES and characters <= SPELLED_CHARACTERS
+    return Shape(exclusive, len(paths) - exclusive, spelled)
+
+
+def conflict_parameters(paths: Sequence[PathMode], form: Shape | None = None) -> dict[str, Any]:
+    """The bind parameters of the conflict queries for ``paths``, in their
+    :func:`shape`'s form unless ``form`` says which."""
+    form = shape(paths) if form is None else form
     parameters: dict[str, Any] = {}
-    prefixes: list[tuple[int, int]] = []
-    for k, (path, mode) in enumerate(paths):
-        parameters[f"rq_path_{k}"] = path
-        parameters[f"rq_mode_{k}"] = mode
-        prefixes.extend((k, n) for n in prefix_lengths(path))
-    parameters["prefixes"] = prefixes
+    if form.spelled:
+        lists: dict[bool, dict[str, None]] = {True: {}, False: {}}  # ordered sets
+        for path, mode in paths:
+            listed = lists[mode == EXCLUSIVE]
+            for ancestor in ancestors(path):
+                listed[ancestor] = None
+            listed[path] = None
+        parameters["x_eq"] = list(lists[True])
+        parameters["s_eq"] = list(lists[False])
+    else:
+        prefixes: list[tuple[int, int]] = []
+        for k, (path, mode) in enumerate(paths):
+            parameters[f"rq_path_{k}"] = path
+            parameters[f"rq_mode_{k}"] = mode
+            prefixes.extend((k, n) for n in prefix_lengths(path))
+        parameters["prefixes"] = prefixes
     for group, wanted in (("x", True), ("s", False)):
         chosen = [path for path, mode in paths if (mode == EXCLUSIVE) == wanted]
         for n, path in enumerate(chosen):
@@ -278,20 +346,13 @@ def conflict_parameters(paths: Sequence[PathMode]) -> dict[str, Any]:
     return parameters
 
 
-def shape(paths: Sequence[PathMode]) -> tuple[int, int]:
-    """What the statements of a request are built for: how many exclusive and
-    how many shared paths."""
-    exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
-    return exclusive, len(paths) - exclusive
-
-
 @functools.lru_cache(maxsize=128)
-def blockers_query(exclusive: int, shared: int) -> CompoundSelect[Any]:
+def blockers_query(form: Shape) -> CompoundSelect[Any]:
     """Up to :data:`MAX_BLOCKERS` live rows that conflict with a request of
-    ``exclusive`` + ``shared`` paths, each once."""
+    this :class:`Shape`, each once."""
     return union(
-        equal_conflicts(exclusive + shared, *LOCK_COLUMNS),
-        below_conflicts(exclusive, shared, *LOCK_COLUMNS),
+        equal_conflicts(form, *LOCK_COLUMNS),
+        below_conflicts(form.exclusive, form.shared, *LOCK_COLUMNS),
     ).limit(MAX_BLOCKERS)
 
 
@@ -310,24 +371,32 @@ def queue_condition() -> ColumnElement[bool]:
 
 
 @functools.lru_cache(maxsize=256)
-def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
+def grant_statement(form: Shape, *, queued: bool) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
     WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
-    trip. Built once per request shape (:func:`shape`); the paths are bind
-    parameters, and the statement grows linearly with them.
+    trip. Built once per request :class:`Shape`; the paths are bind
+    parameters, and the statement grows linearly with them. A request of one
+    path selects its row's values from the sentinel row alone, with no table
+    of requested paths to build: the server parses and plans less.
 
     ``queued=True`` also requires that no older request is queued at all: the
     common case (an empty queue) stays one statement, and the store judges a
     non-empty queue request by request (:mod:`pathlock._fairness`) before
     inserting with ``queued=False``."""
-    paths = exclusive + shared
-    requested = _requested(paths, "requested")
+    if form.paths == 1:
+        source: Any = customer_locks
+        path: Any = bindparam("rq_path_0", type_=String)
+        mode: Any = bindparam("rq_mode_0", type_=String)
+    else:
+        requested = _requested(form.paths, "requested")
+        source = requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
+        path, mode = requested.c.path, requested.c.mode
     values = (
         select(
             bindparam("c_id", type_=BigInteger),
             bindparam("l_id", type_=String),
-            requested.c.path,
-            requested.c.mode,
+            path,
+            mode,
             bindparam("o_node", type_=String),
             bindparam("o_pid", type_=Integer),
             bindparam("o_thread", type_=String),
@@ -335,19 +404,18 @@ def grant_statement(exclusive: int, shared: int, *, queued: bool) -> Insert:
             bindparam("why", type_=String),
             # The fencing token: the sentinel's version as this transaction's own
             # write left it, so the statement needs no value from the client and
-            # can be sent together with that write (pathlock._batch). Joining the
-            # sentinel row also means no row goes in if it does not exist: then
-            # nothing serialized this grant.
+            # can be sent together with that write (pathlock._batch). Selecting
+            # from the sentinel row also means no row goes in if it does not
+            # exist: then nothing serialized this grant.
             customer_locks.c.version,
             now(),
             now_plus(bindparam("ttl_us", type_=BigInteger)),
         )
-        .select_from(
-            requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
-        )
+        .select_from(source)
         .where(
-            ~equal_conflicts(paths, path_locks.c.id).exists(),
-            ~below_conflicts(exclusive, shared, path_locks.c.id).exists(),
+            customer_locks.c.customer_id == bindparam("c_id"),
+            ~equal_conflicts(form, path_locks.c.id).exists(),
+            ~below_conflicts(form.exclusive, form.shared, path_locks.c.id).exists(),
         )
     )
     if queued:

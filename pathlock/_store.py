@@ -94,7 +94,7 @@ class _Picture:
     ) -> _Picture:
         blockers = tuple(
             lock_info(row)
-            for row in connection.execute(blockers_query(*shape(request.paths)), parameters)
+            for row in connection.execute(blockers_query(shape(request.paths)), parameters)
         )
         queued = [waiter_info(row) for row in connection.execute(LIVE_WAITERS, parameters)]
         owner_locks = _OwnerLocks(connection, parameters)
@@ -173,7 +173,7 @@ class Store:
         dialect = self.router.nodes[0].engine.dialect
         if self.dialect.batches:
             batch.prepare(CLAIM, dialect)
-            batch.prepare(grant_statement(*shape(request.paths), queued=True), dialect)
+            batch.prepare(grant_statement(shape(request.paths), queued=True), dialect)
 
     def try_grant(
         self,
@@ -243,7 +243,7 @@ class Store:
             connection,
             [
                 (CLAIM, self._tx.claim_parameters(request.customer_id)),
-                (grant_statement(*shape(request.paths), queued=True), parameters),
+                (grant_statement(shape(request.paths), queued=True), parameters),
             ],
         )
         if bumped.rowcount == 0:
@@ -320,7 +320,7 @@ class Store:
         *,
         queued: bool,
     ) -> bool:
-        statement = grant_statement(*shape(request.paths), queued=queued)
+        statement = grant_statement(shape(request.paths), queued=queued)
         inserted = connection.execute(statement, parameters).rowcount
         return cls._all_or_none(connection, request, inserted)
 

@@ -35,6 +35,7 @@ from pathlock._statements import (
     conflict_parameters,
     now,
     now_plus,
+    shape,
 )
 from pathlock.schema import customer_locks, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
@@ -112,7 +113,7 @@ class NaiveLocks:
                 connection.commit()
                 version = connection.execute(_SENTINEL, customer).scalar_one()
             conflict = conflict_parameters(request) | customer
-            if connection.execute(blockers_query(len(request), 0), conflict).first() is not None:
+            if connection.execute(blockers_query(shape(request)), conflict).first() is not None:
                 connection.rollback()
                 return None
             lease_id = secrets.token_hex(16)

@@ -71,10 +71,10 @@ def _sizes(request: GrantRequest) -> dict[str, int]:
     """Bytes of every statement the request sends: the grant with the
     sentinel write before it (one packet), the blockers query, the enqueue."""
     parameters = grant_parameters(request) | {"w_ticket": NO_TICKET}
-    grant = grant_statement(*shape(request.paths), queued=True)
+    grant = grant_statement(shape(request.paths), queued=True)
     return {
         "grant": _sent(BUMP, {"c_id": request.customer_id}) + _sent(grant, parameters),
-        "blockers": _sent(blockers_query(*shape(request.paths)), parameters),
+        "blockers": _sent(blockers_query(shape(request.paths)), parameters),
         "enqueue": _sent(ENQUEUE, waiter_parameters(request, waiter_ttl=5.0)),
     }
 
