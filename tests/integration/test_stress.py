@@ -12,7 +12,7 @@ definition of overlapping paths and conflicting modes.
 Workers are started with the "spawn" start method and build their own
 PathLockManager inside the child: nothing (engines, connections) crosses a fork.
 
-The tree test's CI size is 8 workers x 800 operations (6,400); ``pytest
+The tree test's CI size is 8 workers x 500 operations (4,000); ``pytest
 --soak`` runs 8 x 12,500 (100,000). Sizes are also tunable through environment
 variables: ``PATHLOCK_STRESS_OPS`` (operations per worker of the tree test),
 ``PATHLOCK_STRESS_COUNTER_OPS`` (grants per worker of the counter test),
@@ -46,9 +46,9 @@ from sqlalchemy import Engine, text
 from pathlock import CustomerLocks, Lease, LockTimeout, PathLockManager
 
 WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "8"))
-TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "800"))
+TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "500"))
 SOAK_OPS = 12_500  # per worker with --soak: 100,000 operations in all
-COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "120"))
+COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "80"))
 SEED = int(os.environ.get("PATHLOCK_STRESS_SEED", str(secrets.randbelow(2**32))))
 
 # A small tree, so requests collide often, with traps: "/ab" and "/a/b/c%" share
