@@ -469,7 +469,7 @@ _RANDOM_INTERRUPTS = textwrap.dedent(
     for n in range(rounds):
         try:
             try:
-                signal.setitimer(signal.ITIMER_REAL, random.uniform(0, 0.02))
+                signal.setitimer(signal.ITIMER_REAL, random.uniform(0, 0.01))
                 with locks.lock_paths("/Shared/a", shared=["/Shared/b"], timeout=30):
                     locks.try_lock_paths("/Shared/c")
                 locks.release_locks()
