@@ -48,7 +48,7 @@ retries on every grant and release of the customer. The pauses keep the load
 below that cliff, so that the test is about safety and clean-up, not
 throughput.
 
-Sizes: the CI size is 4 x 25 tasks x 2 requests (200 requests, about 20 s
+Sizes: the CI size is 4 x 25 tasks x 3 requests (300 requests, about 30 s
 per backend); ``pytest --soak`` runs 4 x 25 x 200 (20,000 requests, what the
 pauses allow within the soak timeout). ``PATHLOCK_ASYNC_STRESS_OPS`` sets the
 requests per task, ``PATHLOCK_ASYNC_STRESS_THINK`` the longest pause,
@@ -100,7 +100,7 @@ from tests.integration.test_stress import (
 
 PROCESSES = 4
 TASKS = 25  # per process, each making its requests one after another
-OPS = int(os.environ.get("PATHLOCK_ASYNC_STRESS_OPS", "2"))  # requests per task
+OPS = int(os.environ.get("PATHLOCK_ASYNC_STRESS_OPS", "3"))  # requests per task
 SOAK_OPS = 200  # per task with --soak: 20,000 requests in all
 THINK = float(os.environ.get("PATHLOCK_ASYNC_STRESS_THINK", "10"))  # seconds, see above
 JOIN_TIMEOUT = 240.0  # seconds for the processes to finish, within the test's timeout
