@@ -91,10 +91,21 @@ def commit_in_batches(engine: Engine) -> None:
     _COMMITTING.add(dialect)
 
 
+# Set (True) in a connection's pool record ``info`` by a dialect whose server
+# must get that connection's COMMIT on its own: a Galera node (see
+# pathlock.dialects.mysql).
+COMMIT_ALONE = "pathlock_commit_alone"
+
+
 def commits_in_batches(connection: Connection) -> bool:
     """Whether a batch on ``connection`` may carry its COMMIT: its engine was
-    set up for it, and the connection takes batches at all."""
-    return connection.dialect in _COMMITTING and supports_batches(connection)
+    set up for it, the connection takes batches at all, and its server does
+    not want its COMMITs alone (:data:`COMMIT_ALONE`)."""
+    return (
+        connection.dialect in _COMMITTING
+        and supports_batches(connection)
+        and not connection.connection.info.get(COMMIT_ALONE, False)
+    )
 
 
 def run(
@@ -111,8 +122,10 @@ def run(
     the same round trip, and the transaction is over when this returns.
     While its reply is awaited, the current limit counts the COMMIT as
     unanswered (:attr:`pathlock._deadlines.Limit.commit_unanswered`): an
-    attempt cut short then is in doubt; an error the server answered with
-    (one of the statements, or the COMMIT itself, refused) is not."""
+    attempt cut short then is in doubt, and so is one whose COMMIT itself was
+    answered with an error (a Galera node may answer 1213 to a COMMIT that
+    lands all the same); one whose statement was refused is not (the
+    server runs nothing of a batch after an error)."""
     dialect = connection.dialect
     sql, parameters = _compose(dialect, steps, commit=commit)
     if not connection.in_transaction():
@@ -123,6 +136,7 @@ def run(
     limit = deadlines.current() if commit else None
     if limit is not None:
         limit.commit_unanswered = True
+    committing = False  # every statement answered: the COMMIT's reply is next
     try:
         cursor.execute(sql, parameters)
         replies = [Reply(cursor.rowcount, cursor.lastrowid)]
@@ -132,11 +146,12 @@ def run(
             cursor.nextset()
             replies.append(Reply(cursor.rowcount, cursor.lastrowid))
         if commit:
+            committing = True
             cursor.nextset()  # the COMMIT's reply
     except error_class as error:
         lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
-        if limit is not None and not lost:
-            limit.commit_unanswered = False  # refused: nothing was committed
+        if limit is not None and not lost and not committing:
+            limit.commit_unanswered = False  # a statement refused: no COMMIT ran
         if lost:
             connection.invalidate(error)
         raise DBAPIError.instance(

@@ -470,20 +470,6 @@ UNBUMP = (
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
 # If absent: a concurrent first use may insert the row too.
 CREATE_SENTINEL = insert_if_absent(customer_locks).values(customer_id=bindparam("c_id"), version=0)
-# A retried grant's own rows, if its earlier attempt's COMMIT landed: alive
-# (still before their expiry) or not.
-LANDED = (
-    select(path_locks.c.fencing_token, (path_locks.c.expires_at > now()).label("alive"))
-    .where(
-        path_locks.c.customer_id == bindparam("c_id"), path_locks.c.lease_id == bindparam("l_id")
-    )
-    .limit(1)
-)
-DROP_EXPIRED_LEASE = delete(path_locks).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.lease_id == bindparam("l_id"),
-    path_locks.c.expires_at <= now(),
-)
 RELEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
     path_locks.c.lease_id == bindparam("l_id"),

@@ -46,12 +46,10 @@ from pathlock._statements import (
     CLAIM,
     CLAIM_SENTINELS,
     DEQUEUE,
-    DROP_EXPIRED_LEASE,
     ENQUEUE,
     ENQUEUED,
     FORGET_REQUEST,
     HELD,
-    LANDED,
     LEASE_ALIVE,
     LIVE_WAITERS,
     LOCK_SENTINELS,
@@ -206,21 +204,22 @@ class Store:
             known = ticket
             if number > 1:
                 # The previous attempt may have failed after its COMMIT landed
-                # (connection lost during COMMIT): then our rows exist, and
-                # granting again would block on ourselves or insert twice; or
-                # it was queued, and must not queue twice.
+                # (its reply lost, or an error answered in its place): then its
+                # rows exist, or it was queued and must not queue twice. Its
+                # rows are never taken up: on a Galera cluster, a COMMIT
+                # answered with an error (1213) can land all the same, as a
+                # write never checked against the grants committed beside it
+                # (see docs/CLUSTER.md), so their conflict check and fencing
+                # token are not to be trusted. They go, under the sentinel,
+                # and the request is judged afresh: by the live rows only,
+                # not behind requests queued since (it held its paths while
+                # they queued), with a token of its own.
                 parameters = {"c_id": request.customer_id, "l_id": request.lease_id}
-                landed = connection.execute(LANDED, parameters).first()
-                if landed is not None and landed.alive:
-                    connection.rollback()
-                    return Granted(int(landed.fencing_token))
-                if landed is not None:
-                    # It landed, but its reply came back after its ttl: others
-                    # may hold the paths by now. Drop the expired rows and
-                    # attempt afresh, as a request that was never granted.
-                    connection.execute(DROP_EXPIRED_LEASE, parameters)
+                landed = connection.execute(RELEASE, parameters).rowcount
                 if known is None:
                     known = connection.execute(ENQUEUED, parameters).scalar()
+                if landed:
+                    return self._grant(connection, request, token, known, queue, queued=False)
             return self._grant(connection, request, token, known, queue)
 
         return self._tx.run(
@@ -267,12 +266,14 @@ class Store:
         token: int,
         ticket: int | None,
         queue: bool,
+        *,
+        queued: bool = True,
     ) -> Granted | Blocked | Deadlocked:
         parameters = self._grant_parameters(request, ticket)
         # Check and insert in one statement: the rows go in only if no live
-        # conflicting row exists and nobody is queued before us (the subquery
-        # is one consistent read, so it is all rows or none).
-        if self._insert(connection, request, parameters, queued=True):
+        # conflicting row exists and (``queued``) nobody is queued before us
+        # (the subquery is one consistent read, so it is all rows or none).
+        if self._insert(connection, request, parameters, queued=queued):
             return self._granted(connection, request, token, ticket)
         return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
 

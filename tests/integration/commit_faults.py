@@ -6,6 +6,9 @@ statement of a batch (a release's, see ``pathlock/_batch.py``).
   (the connection fails as if cut during the COMMIT).
 - :meth:`CommitFaults.refuse`: the server refuses the COMMIT (a Galera node
   that left the primary component: 1047) and the transaction stays open.
+- :meth:`CommitFaults.land_unchecked`: the COMMIT lands, but as a Galera node
+  sometimes lands one after a change of the cluster's members: beside a
+  conflicting write it was never checked against, and answered with 1213.
 """
 
 from __future__ import annotations
@@ -91,6 +94,23 @@ class CommitFaults:
             raise pymysql.err.OperationalError(code, "reply lost after the COMMIT landed (test)")
 
         self._arm(lost)
+
+    def land_unchecked(self, beside: Callable[[], None]) -> None:
+        """The next COMMIT lands; ``beside()`` then writes what a transaction
+        committed beside it on another node would have (unseen by its
+        checks); and the COMMIT is answered with 1213, the connection intact.
+        Measured on a Galera cluster (MariaDB 10.11, Galera 26.4), with the
+        COMMIT at the end of a batch, around a node's return."""
+
+        def unchecked(_connection: Connection, before: bool) -> None:
+            if before:
+                return
+            beside()
+            raise pymysql.err.OperationalError(
+                1213, "Deadlock found when trying to get lock; try restarting transaction"
+            )
+
+        self._arm(unchecked)
 
     def refuse(self, code: int = 1047) -> None:
         """The server refuses the next COMMIT, and the transaction stays open."""

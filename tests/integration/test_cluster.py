@@ -44,6 +44,7 @@ from sqlalchemy import create_engine, text
 
 from pathlock import PathLockError, PathLockManager
 from servers import galera_cluster
+from tests.integration.test_round_trips import sent
 from tests.integration.test_stress import Hold, assert_safe, read_results, run_workers
 
 pytestmark = pytest.mark.cluster
@@ -106,6 +107,25 @@ def test_a_lock_through_one_node_holds_on_every_node(
     finally:
         for manager in managers:
             manager.close()
+
+
+def test_a_galera_node_gets_its_commits_alone(
+    cluster: galera_cluster.GaleraCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release is one round trip on a plain server (its COMMIT at the end
+    of its batch: test_round_trips.py); a Galera node gets the COMMIT on its
+    own, since it sometimes answers 1213 to a batch's COMMIT that lands all
+    the same (docs/CLUSTER.md)."""
+    customer = secrets.randbelow(2**40) + 1
+    with _manager(cluster.urls(DATABASE)[0], "alone", sync_wait=True) as manager:
+        locks = manager.for_customer(customer)
+        lease = locks.lock_paths("/Shared/a")
+        with sent(monkeypatch) as commands:
+            lease.release()
+        assert len(commands) == 2, commands
+        assert not commands[0].rstrip().upper().endswith("COMMIT"), commands
+        assert commands[1].strip().upper() == "COMMIT", commands
+        assert locks.list_locks() == []
 
 
 # -- the race ---------------------------------------------------------------------------

@@ -25,8 +25,9 @@ rows); once the workers are gone, ``settle`` finds nothing left behind.
 4. A node is cut off (``gmcast.isolate``) and later reconnected: its workers
    move to the majority once it is evicted (1047); no lease is lost with ttl 15.
 5. A COMMIT whose outcome is unknown (it landed through node 1, the reply was
-   lost): the retry on node 2 finds the grant by its lease id, so there is one
-   grant, with one fencing token, which can be renewed and released.
+   lost): the retry on node 2 finds the rows by their lease id and replaces
+   them with its own, so there is one grant, with one fencing token, which can
+   be renewed and released.
 6. A COMMIT that the node refuses (1047: it just left the primary component,
    and it refuses ROLLBACK too) and a retry on that node after it came back:
    the retry must not run inside the refused attempt's still-open
@@ -725,10 +726,11 @@ def test_a_commit_with_an_unknown_outcome_is_resolved_on_another_node(
     code: int,
 ) -> None:
     """A grant's COMMIT lands through node 1, its reply is lost: node 1 is set
-    aside and the retry on node 2 finds the rows by the lease id, so the
-    request is granted once (one set of rows, one fencing token, the sentinel
-    bumped once). The lease renews and releases through the healthy nodes; a
-    release whose reply is lost the same way is finished through node 3."""
+    aside and the retry on node 2 finds the rows by the lease id and replaces
+    them with its own, so the request is granted once (one set of rows, one
+    fencing token: the retry's). The lease renews and releases through the
+    healthy nodes; a release whose reply is lost the same way is finished
+    through node 3."""
     cluster = healthy_cluster
     customer = secrets.randbelow(2**40) + 1
     urls = cluster.urls(CLUSTER_DATABASE)
@@ -745,15 +747,15 @@ def test_a_commit_with_an_unknown_outcome_is_resolved_on_another_node(
         assert second.set_aside_until == 0
         assert third.set_aside_until == 0
 
-        # One grant on every node: the rows of the first COMMIT, found again.
+        # One grant on every node: the retry's rows, in place of the first's.
         seen = _synced_rows(cluster, customer)
         expected = [
             ("/x", lease.lease_id, lease.fencing_token),
             ("/y/z", lease.lease_id, lease.fencing_token),
         ]
         assert all(rows == expected for rows in seen), seen
-        assert lease.fencing_token == version + 1
-        assert all(_version(node, customer) == version + 1 for node in cluster.nodes)
+        assert lease.fencing_token == version + 2
+        assert all(_version(node, customer) == version + 2 for node in cluster.nodes)
         assert not lease.lost
         lease.ensure_held()
 
@@ -779,7 +781,7 @@ def test_a_commit_with_an_unknown_outcome_is_resolved_on_another_node(
     print(
         f"\ncluster-faults[unknown-commit-{code}] grant resolved on node 2 in "
         f"{took * 1000:.0f} ms; "
-        f"token {lease.fencing_token} (sentinel {version} -> {version + 1}); "
+        f"token {lease.fencing_token} (sentinel {version} -> {version + 2}); "
         f"released through node 3",
         file=sys.stderr,
     )

@@ -269,8 +269,8 @@ def test_a_grant_whose_commit_reply_is_lost_at_the_deadline_is_found(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The COMMIT lands at once; its reply is lost 1.2 s later, past the
-    # request's 1 s timeout. The grace after the timeout is spent looking for
-    # the request's own rows, which are returned as its lease: granted once.
+    # request's 1 s timeout. The grace after the timeout is spent on a retry,
+    # which finds the request's own rows and replaces them: granted once.
     arm = reply_lost_after_commit(monkeypatch, stall=1.2)
     with PathLockManager(mariadb_url, node_id="late", heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)

@@ -8,7 +8,9 @@ under load) is tested in ``test_cluster*.py``.
 
 - operations move past a dead node at once, with one WARNING naming it;
 - a grant whose COMMIT landed through one node but whose reply was lost is
-  found by its lease id through the next node: granted once, never twice;
+  granted once through the next node: its rows, found by their lease id,
+  are replaced (never taken up: a COMMIT answered with an error may have
+  landed unchecked), never doubled;
 - with every node down, callers get a :class:`BackendError` after the usual
   number of attempts;
 - the list is checked before anything is opened.
@@ -34,6 +36,7 @@ from pathlock import (
     PathLockManager,
     Settings,
 )
+from tests.integration.commit_faults import CommitFaults
 from tests.integration.test_outages import reply_lost_after_commit
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,6 +78,16 @@ def _rows(engine: Engine, customer_id: int) -> list[tuple[str, str, int]]:
         return [tuple(row) for row in rows]
 
 
+def _version(engine: Engine, customer_id: int) -> int:
+    with engine.connect() as connection:
+        return int(
+            connection.execute(
+                text("SELECT version FROM customer_locks WHERE customer_id = :c"),
+                {"c": customer_id},
+            ).scalar_one()
+        )
+
+
 def test_a_dead_node_is_passed_over_at_once(
     nodes: list[str], customer_id: int, plain: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -100,24 +113,64 @@ def test_a_dead_node_is_passed_over_at_once(
     assert f"127.0.0.1:{dead.port}/" in warnings[0]
 
 
-def test_a_grant_whose_reply_was_lost_is_found_through_the_next_node(
+def test_a_grant_whose_reply_was_lost_is_granted_once_through_the_next_node(
     nodes: list[str], customer_id: int, plain: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     arm = reply_lost_after_commit(monkeypatch)
     with PathLockManager([nodes[0], nodes[2]], node_id="failover", ttl=30) as manager:
         locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()
+        version = _version(plain, customer_id)
         arm()
         with locks.lock_paths("/x", "/y") as lease:
             rows = _rows(plain, customer_id)
-            # One grant: the retry through the second node found the rows of
-            # the first by their lease id instead of inserting them again.
-            assert [(path, lease_id) for path, lease_id, _ in rows] == [
-                ("/x", lease.lease_id),
-                ("/y", lease.lease_id),
+            # One grant: the retry through the second node replaced the rows
+            # of the first (found by their lease id) with its own, under the
+            # next fencing token, instead of inserting a second set.
+            assert rows == [
+                ("/x", lease.lease_id, version + 2),
+                ("/y", lease.lease_id, version + 2),
             ]
-            assert {token for _, _, token in rows} == {lease.fencing_token}
+            assert lease.fencing_token == version + 2
             assert manager._store.router.nodes[0].set_aside_until > time.monotonic()
     assert _rows(plain, customer_id) == []
+
+
+def test_rows_of_a_commit_answered_with_an_error_are_never_taken_up(
+    mariadb_url: str, customer_id: int, plain: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a Galera node may do (docs/CLUSTER.md): the grant's COMMIT lands
+    beside another client's conflicting grant it was never checked against,
+    under the same fencing token, and is answered with 1213. Taking up the
+    landed rows on the retry would hold /a beside the other holder; the
+    retry drops them and waits for the other holder like anyone."""
+    faults = CommitFaults(monkeypatch)
+    with PathLockManager(mariadb_url, node_id="doubt", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()
+        version = _version(plain, customer_id)
+
+        def beside() -> None:
+            with plain.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO path_locks (customer_id, lease_id, path, mode, node_id,"
+                        " pid, thread, owner_key, reason, fencing_token, created_at,"
+                        " expires_at) VALUES (:c, 'other-lease', '/a', 'exclusive', 'other',"
+                        " 1, '1', 'other-owner', 'beside', :t, NOW(6),"
+                        " NOW(6) + INTERVAL 1 HOUR)"
+                    ),
+                    {"c": customer_id, "t": version + 1},
+                )
+
+        faults.land_unchecked(beside)
+        with pytest.raises(LockTimeout):
+            locks.lock_paths("/a", timeout=1)
+        assert [(path, lease) for path, lease, _ in _rows(plain, customer_id)] == [
+            ("/a", "other-lease")
+        ]
+        # The sentinel moved past the token the rows of the COMMIT carried.
+        assert _version(plain, customer_id) > version + 1
 
 
 def test_a_release_whose_reply_was_lost_is_finished_through_the_next_node(

@@ -491,7 +491,7 @@ def test_database_restart(
     survives only if a renewal gets through before it may have lapsed), and
     that a release during the outage deletes the rows (they lapse at the ttl).
     Nor that a grant is still held when ``lock_paths`` returns it: one whose
-    commit landed but whose reply was lost is found again by its retry, and if
+    commit landed but whose reply was lost is replaced by its retry, and if
     the retries took longer than the ttl it comes back lost already
     (``lease.lost``); the checker ends such a hold at its grant.
     """

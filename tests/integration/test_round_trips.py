@@ -95,15 +95,20 @@ def test_a_release_whose_commit_reply_is_lost_is_released(
         other.release()
 
 
-@pytest.mark.parametrize("outcome", ["reply lost", "refused", "committed"])
+@pytest.mark.parametrize(
+    "outcome", ["reply lost", "commit refused", "statement refused", "committed"]
+)
 def test_a_batch_that_carries_a_commit_says_when_its_reply_is_missing(
     mariadb_url: str, monkeypatch: pytest.MonkeyPatch, outcome: str
 ) -> None:
     """While a batch's COMMIT is on its way, the attempt's limit counts it
-    unanswered: after a lost reply the attempt is in doubt; after an error
-    the server answered with, or the COMMIT's own reply, it is not."""
+    unanswered: after a lost reply, or an error answered to the COMMIT
+    itself (a Galera node may answer 1213 to a COMMIT that lands all the
+    same), the attempt is in doubt; after a statement's error (the server
+    runs nothing after it, the COMMIT included) or the COMMIT's own reply, it
+    is not."""
     steps: list[tuple[Any, dict[str, Any]]] = [(text("DO 1"), {})]
-    if outcome == "refused":
+    if outcome == "statement refused":
         steps.append((text("SELECT * FROM no_such_table"), {}))
     with (
         PathLockManager(mariadb_url, heartbeat=False) as manager,
@@ -113,6 +118,8 @@ def test_a_batch_that_carries_a_commit_says_when_its_reply_is_missing(
 
         if outcome == "reply lost":
             CommitFaults(monkeypatch).lose_reply()
+        elif outcome == "commit refused":
+            CommitFaults(monkeypatch).refuse(1213)
 
         def attempt(limit: deadlines.Limit) -> bool:
             try:
@@ -125,4 +132,4 @@ def test_a_batch_that_carries_a_commit_says_when_its_reply_is_missing(
             return limit.commit_unanswered
 
         unanswered = deadlines.within(time.monotonic() + 10, attempt)
-    assert unanswered == (outcome == "reply lost")
+    assert unanswered == (outcome in ("reply lost", "commit refused"))
