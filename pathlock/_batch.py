@@ -25,10 +25,11 @@ here as the :class:`~sqlalchemy.exc.DBAPIError` SQLAlchemy would have raised
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
@@ -43,16 +44,33 @@ from pathlock import dialects
 
 # The dialects (one per engine) whose COMMIT may travel in a batch.
 _COMMITTING: weakref.WeakSet[Dialect] = weakref.WeakSet()
-# The connection whose COMMIT a batch has just sent: its Connection.commit()
-# sends nothing more (set and reset within run()).
+# The connection whose COMMIT or ROLLBACK a batch has just sent: its
+# Connection.commit() or rollback() sends nothing more (set and reset within
+# run()).
 _SENT: ContextVar[object | None] = ContextVar("pathlock_commit_sent", default=None)
 
 
 class Reply(NamedTuple):
-    """What the server said about one statement of a batch."""
+    """What the server said about one statement of a batch: for a SELECT,
+    its ``rows`` too, each with its columns as attributes (as the driver
+    returns the values: no SQLAlchemy type processing)."""
 
     rowcount: int
     lastrowid: int
+    rows: tuple[Any, ...] = ()
+
+
+@functools.lru_cache(maxsize=64)
+def _row_type(names: tuple[str, ...]) -> Any:
+    return collections.namedtuple("Row", names, rename=True)
+
+
+def _reply(cursor: Any) -> Reply:
+    rows: tuple[Any, ...] = ()
+    if cursor.description:
+        row = _row_type(tuple(column[0] for column in cursor.description))
+        rows = tuple(row._make(values) for values in cursor.fetchall())
+    return Reply(cursor.rowcount, cursor.lastrowid, rows)
 
 
 def supports_batches(connection: Connection) -> bool:
@@ -81,13 +99,18 @@ def commit_in_batches(engine: Engine) -> None:
     dialect = engine.dialect
     if dialect in _COMMITTING:
         return
-    send_commit = dialect.do_commit
+    send_commit, send_rollback = dialect.do_commit, dialect.do_rollback
 
     def do_commit(dbapi_connection: Any) -> None:
         if _SENT.get() is not dbapi_connection:
             send_commit(dbapi_connection)
 
+    def do_rollback(dbapi_connection: Any) -> None:
+        if _SENT.get() is not dbapi_connection:
+            send_rollback(dbapi_connection)
+
     dialect.do_commit = do_commit  # type: ignore[method-assign]
+    dialect.do_rollback = do_rollback  # type: ignore[method-assign]
     _COMMITTING.add(dialect)
 
 
@@ -113,10 +136,12 @@ def run(
     steps: Sequence[tuple[Executable, dict[str, Any]]],
     *,
     commit: bool = False,
+    rollback: bool = False,
 ) -> list[Reply]:
     """Send ``steps`` ((statement, parameters) pairs) in one round trip, inside
     the connection's transaction (begun if need be); return one reply each.
-    Parameters of the same name must have the same value in every step.
+    Where the driver takes parameters by name, parameters of the same name
+    must have the same value in every step.
 
     ``commit`` (only where :func:`commits_in_batches`): the COMMIT goes in
     the same round trip, and the transaction is over when this returns.
@@ -125,9 +150,16 @@ def run(
     attempt cut short then is in doubt, and so is one whose COMMIT itself was
     answered with an error (a Galera node may answer 1213 to a COMMIT that
     lands all the same); one whose statement was refused is not (the
-    server runs nothing of a batch after an error)."""
+    server runs nothing of a batch after an error).
+
+    ``rollback`` (only where :func:`commits_in_batches`): a ROLLBACK ends
+    the batch instead, for reads that need nothing kept: a waiter's check
+    is one round trip, not two."""
+    if commit and rollback:
+        raise ValueError("a batch ends with a COMMIT or a ROLLBACK, not both")
     dialect = connection.dialect
-    sql, parameters = _compose(dialect, steps, commit=commit)
+    end = "COMMIT" if commit else "ROLLBACK" if rollback else None
+    sql, parameters = _compose(dialect, steps, end=end)
     if not connection.in_transaction():
         connection.begin()
     proxied = connection.connection
@@ -139,15 +171,15 @@ def run(
     committing = False  # every statement answered: the COMMIT's reply is next
     try:
         cursor.execute(sql, parameters)
-        replies = [Reply(cursor.rowcount, cursor.lastrowid)]
+        replies = [_reply(cursor)]
         # One result per statement, or the error of the one that failed
         # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
         for _ in steps[1:]:
             cursor.nextset()
-            replies.append(Reply(cursor.rowcount, cursor.lastrowid))
-        if commit:
-            committing = True
-            cursor.nextset()  # the COMMIT's reply
+            replies.append(_reply(cursor))
+        if end is not None:
+            committing = commit
+            cursor.nextset()  # the COMMIT's or ROLLBACK's reply
     except error_class as error:
         lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
         if limit is not None and not lost and not committing:
@@ -165,12 +197,14 @@ def run(
     if commit:
         if limit is not None:
             limit.commit_unanswered = False
-        _committed(connection)
+        _ended(connection, connection.commit)
+    elif rollback:
+        _ended(connection, connection.rollback)
     return replies
 
 
 def _compose(
-    dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, commit: bool
+    dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, end: str | None
 ) -> tuple[str, Any]:
     """The batch's SQL and its parameters, in the dialect's paramstyle."""
     parts: list[str] = []
@@ -182,21 +216,25 @@ def _compose(
             raise TypeError(f"cannot batch {type(statement).__name__}")
         state = compiled.construct_expanded_state(values)
         parts.append(state.statement)
+        if dialect.positional:
+            # Each step's values in its own order: names may repeat (the
+            # LIMIT of two statements is "param_1" in both).
+            positional.extend(state.positional_parameters)
+            continue
         for name, value in state.parameters.items():
             if named.setdefault(name, value) != value:
                 raise ValueError(f"parameter {name!r} differs between batched statements")
-        if dialect.positional:
-            positional.extend(state.positional_parameters)
-    if commit:
-        parts.append("COMMIT")
+    if end is not None:
+        parts.append(end)
     return ";\n".join(parts), tuple(positional) if dialect.positional else named
 
 
-def _committed(connection: Connection) -> None:
-    """The server ended the transaction (a batch's COMMIT): end SQLAlchemy's
-    too, sending nothing (see :func:`commit_in_batches`)."""
+def _ended(connection: Connection, end: Callable[[], None]) -> None:
+    """The server ended the transaction (a batch's COMMIT or ROLLBACK): end
+    SQLAlchemy's too with ``end``, sending nothing (see
+    :func:`commit_in_batches`)."""
     sent = _SENT.set(connection.connection)
     try:
-        connection.commit()
+        end()
     finally:
         _SENT.reset(sent)

@@ -353,7 +353,7 @@ def blockers_query(form: Shape) -> CompoundSelect[Any]:
     return union(
         equal_conflicts(form, *LOCK_COLUMNS),
         below_conflicts(form.exclusive, form.shared, *LOCK_COLUMNS),
-    ).limit(MAX_BLOCKERS)
+    ).limit(bindparam("blockers_limit", MAX_BLOCKERS, type_=Integer))
 
 
 # Stands for "no ticket yet" in the queue condition: every queued ticket is lower.
@@ -648,5 +648,5 @@ LIVE_WAITERS = (
         path_lock_waiters.c.expires_at > now(),
     )
     .order_by(path_lock_waiters.c.ticket)
-    .limit(MAX_WAITERS)
+    .limit(bindparam("waiters_limit", MAX_WAITERS, type_=Integer))
 )

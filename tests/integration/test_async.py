@@ -515,12 +515,14 @@ def test_statements_are_batched_over_asyncmy_too(
     """A grant's and a release's statements go in one round trip each (the
     release's with its COMMIT), as over PyMySQL; a statement that fails in
     the middle of a batch raises the error SQLAlchemy would have raised."""
-    batches: list[tuple[int, bool]] = []
+    batches: list[tuple[int, str]] = []
     run_batch = batch.run
 
-    def counted(connection: Connection, steps: Any, *, commit: bool = False) -> list[batch.Reply]:
-        batches.append((len(steps), commit))
-        return run_batch(connection, steps, commit=commit)
+    def counted(
+        connection: Connection, steps: Any, *, commit: bool = False, rollback: bool = False
+    ) -> list[batch.Reply]:
+        batches.append((len(steps), "COMMIT" if commit else "ROLLBACK" if rollback else ""))
+        return run_batch(connection, steps, commit=commit, rollback=rollback)
 
     monkeypatch.setattr(batch, "run", counted)
 
@@ -541,5 +543,6 @@ def test_statements_are_batched_over_asyncmy_too(
             await spawn(failing, manager._core.engine)
 
     run(main)
-    # The grant, the denied try, and the release, whose COMMIT goes with it.
-    assert batches == [(2, False), (2, False), (2, True)]
+    # The grant, the denied try and its reads of who is in the way, and the
+    # release, whose COMMIT goes with it.
+    assert batches == [(2, ""), (2, ""), (3, ""), (2, "COMMIT")]

@@ -3,6 +3,7 @@ PyMySQL sends, counted where it sends them."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pathlock import PathLockManager
+from pathlock import LockTimeout, PathLockManager
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from tests.integration.commit_faults import CommitFaults
@@ -133,3 +134,91 @@ def test_a_batch_that_carries_a_commit_says_when_its_reply_is_missing(
 
         unanswered = deadlines.within(time.monotonic() + 10, attempt)
     assert unanswered == (outcome in ("reply lost", "commit refused"))
+
+
+def _statements(command: str) -> list[str]:
+    return [part.split()[0].upper() for part in command.split(";\n")]
+
+
+def test_a_denied_request_is_queued_in_three_round_trips(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt (sentinel write and grant), the reads that say who is in
+    the way (live locks, the queue, the owner's own locks), and the queue row
+    with its COMMIT: three round trips, all while
+    the request holds the customer's sentinel row, which every other grant
+    and release of the customer waits for."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        with sent(monkeypatch) as commands, pytest.raises(LockTimeout):
+            waiter.for_customer(customer_id).lock_paths("/a/b", timeout=0.2)
+        assert _statements(commands[0]) == ["UPDATE", "INSERT"], commands[0]
+        assert _statements(commands[1]) == ["SELECT", "SELECT", "SELECT"], commands[1]
+        assert _statements(commands[2]) == ["INSERT", "UPDATE", "COMMIT"], commands[2]
+        assert "path_lock_waiters" in commands[2].split(";\n")[0]
+        lease.release()
+
+
+def test_a_waiters_checks_are_one_round_trip_each(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While it waits, a request reads the customer's version, and judges its
+    place when the version moved: each read ends with its ROLLBACK in the
+    same round trip. Once the path is free, the grant removes the queue row
+    and commits in one round trip after the attempt."""
+    by_thread: dict[str, list[str]] = {"first": [], "second": []}
+    send = pymysql.connections.Connection._execute_command
+
+    def counted(self: pymysql.connections.Connection, command: int, sql: str | bytes) -> None:
+        mine = by_thread.get(threading.current_thread().name)
+        if mine is not None:
+            mine.append(sql.decode() if isinstance(sql, bytes) else sql)
+        send(self, command, sql)
+
+    monkeypatch.setattr(pymysql.connections.Connection, "_execute_command", counted)
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as first,
+        PathLockManager(mariadb_url, heartbeat=False) as second,
+    ):
+        holding = holder.for_customer(customer_id)
+        lease = holding.lock_paths("/a")
+        # A sibling's release moves the version while both still wait: the
+        # first in line attempts again, the second judges its place.
+        sibling = holding.lock_paths("/b")
+        waiting = []
+        for name, manager in (("first", first), ("second", second)):
+
+            def wait(manager: PathLockManager = manager) -> None:
+                manager.for_customer(customer_id).lock_paths("/a", timeout=10).release()
+
+            waiting.append(threading.Thread(target=wait, name=name))
+            waiting[-1].start()
+            time.sleep(0.2)
+        sibling.release()
+        time.sleep(0.3)
+        lease.release()
+        for thread in waiting:
+            thread.join()
+
+    second_sent = [_statements(command) for command in by_thread["second"]]
+    # The attempt, who is in the way, the queue row; then checks until the
+    # first in line has released; then the grant.
+    assert second_sent[:3] == [
+        ["UPDATE", "INSERT"],
+        ["SELECT", "SELECT", "SELECT"],
+        ["INSERT", "UPDATE", "COMMIT"],
+    ], second_sent
+    checks = second_sent[3:-3]
+    assert set(map(tuple, checks)) == {
+        ("SELECT", "ROLLBACK"),  # the version
+        ("SELECT", "SELECT", "SELECT", "ROLLBACK"),  # the place: locks, queue, own locks
+    }, second_sent
+    assert second_sent[-3:] == [
+        ["UPDATE", "INSERT"],
+        ["DELETE", "COMMIT"],
+        ["UPDATE", "DELETE", "COMMIT"],
+    ], second_sent
