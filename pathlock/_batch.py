@@ -2,13 +2,12 @@
 connections whose database family can take them (MySQL and MariaDB's).
 
 The hot path is short statements whose cost is mostly the network's round
-trip: an uncontended acquire is "write the sentinel, insert if no conflict,
-commit", a release "write the sentinel, delete, commit". Sent one by one,
-that is six round trips for an acquire + release; with the first two
-statements of each sent together, four, as many as two plain commits need.
-A batch may also carry its transaction's COMMIT (``run(..., commit=True)``,
-on the engines pathlock creates: :func:`commit_in_batches`): a release is
-then one round trip.
+trip: an uncontended acquire is "lock the sentinel, insert if no conflict,
+write the sentinel if inserted, commit", a release "write the sentinel,
+delete, commit". Sent one by one, that is seven round trips for an acquire +
+release. A batch may carry its transaction's COMMIT (``run(...,
+commit=True)``, on the engines pathlock creates: :func:`commit_in_batches`),
+and then each is one round trip, as a plain durable commit is.
 
 The statements are the same SQLAlchemy constructs as everywhere else,
 compiled for the engine's dialect and sent as one query with the driver's own
@@ -114,20 +113,21 @@ def commit_in_batches(engine: Engine) -> None:
     _COMMITTING.add(dialect)
 
 
-# Set (True) in a connection's pool record ``info`` by a dialect whose server
-# must get that connection's COMMIT on its own: a Galera node (see
-# pathlock.dialects.mysql).
-COMMIT_ALONE = "pathlock_commit_alone"
+def may_commit(dialect: Dialect) -> bool:
+    """Whether batches of ``dialect``'s engine may carry their COMMIT (see
+    :func:`commit_in_batches`; a connection may still not:
+    :func:`commits_in_batches`)."""
+    return dialect in _COMMITTING
 
 
 def commits_in_batches(connection: Connection) -> bool:
     """Whether a batch on ``connection`` may carry its COMMIT: its engine was
     set up for it, the connection takes batches at all, and its server does
-    not want its COMMITs alone (:data:`COMMIT_ALONE`)."""
+    not want its COMMITs alone (:data:`pathlock.dialects.base.COMMIT_ALONE`)."""
     return (
         connection.dialect in _COMMITTING
         and supports_batches(connection)
-        and not connection.connection.info.get(COMMIT_ALONE, False)
+        and not connection.connection.info.get(dialects.base.COMMIT_ALONE, False)
     )
 
 

@@ -371,7 +371,7 @@ def queue_condition() -> ColumnElement[bool]:
 
 
 @functools.lru_cache(maxsize=256)
-def grant_statement(form: Shape, *, queued: bool) -> Insert:
+def grant_statement(form: Shape, *, queued: bool, sentinel_after: bool = False) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
     WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
     trip. Built once per request :class:`Shape`; the paths are bind
@@ -382,7 +382,13 @@ def grant_statement(form: Shape, *, queued: bool) -> Insert:
     ``queued=True`` also requires that no older request is queued at all: the
     common case (an empty queue) stays one statement, and the store judges a
     non-empty queue request by request (:mod:`pathlock._fairness`) before
-    inserting with ``queued=False``."""
+    inserting with ``queued=False``.
+
+    ``sentinel_after=True``: for a grant in one round trip (see
+    :data:`LOCK_SENTINEL`), where the sentinel row
+    is only locked before this statement and written after it, if it
+    inserted: the token is the version plus one, and the customer's case rule
+    is checked here (as ``CLAIM`` checks it)."""
     if form.paths == 1:
         source: Any = customer_locks
         path: Any = bindparam("rq_path_0", type_=String)
@@ -407,7 +413,7 @@ def grant_statement(form: Shape, *, queued: bool) -> Insert:
             # can be sent together with that write (pathlock._batch). Selecting
             # from the sentinel row also means no row goes in if it does not
             # exist: then nothing serialized this grant.
-            customer_locks.c.version,
+            customer_locks.c.version + 1 if sentinel_after else customer_locks.c.version,
             now(),
             now_plus(bindparam("ttl_us", type_=BigInteger)),
         )
@@ -420,6 +426,8 @@ def grant_statement(form: Shape, *, queued: bool) -> Insert:
     )
     if queued:
         values = values.where(~exists().where(queue_condition()))
+    if sentinel_after:
+        values = values.where(_case_rule_holds())
     columns = [
         "customer_id",
         "lease_id",
@@ -446,17 +454,38 @@ BUMP = (
 # BUMP for a grant: it also records the customer's case rule, and writes nothing
 # (no row) when the customer's first grant recorded the other one.
 _CASE = bindparam("c_case", type_=Boolean)
+
+
+def _case_rule_holds() -> ColumnElement[bool]:
+    return or_(
+        customer_locks.c.case_insensitive == _CASE,
+        customer_locks.c.case_insensitive.is_(None),
+    )
+
+
 CLAIM = (
     update(customer_locks)
-    .where(
-        customer_locks.c.customer_id == bindparam("c_id"),
-        or_(
-            customer_locks.c.case_insensitive == _CASE,
-            customer_locks.c.case_insensitive.is_(None),
-        ),
-    )
+    .where(customer_locks.c.customer_id == bindparam("c_id"), _case_rule_holds())
     .values(version=Fenced(customer_locks.c.version + 1), case_insensitive=_CASE)
 )
+# A grant in one round trip, its COMMIT included (pathlock._batch): the
+# sentinel row locked but not written (LOCK_SENTINEL: an UPDATE that changes
+# nothing takes the row lock, writes no log, and unlike SELECT ... FOR UPDATE
+# returns no rows to read), the grant
+# (grant_statement(..., sentinel_after=True)), then the sentinel written
+# (CLAIM_IF_GRANTED) and a waiter's queue row removed (DEQUEUE_IF_GRANTED) only
+# if the statement before changed rows (ROW_COUNT(), MySQL's and MariaDB's):
+# a denied attempt commits no write, so on a cluster it aborts nobody. The
+# lock comes in a statement of its own: the grant's reads (READ COMMITTED)
+# see what was committed when their statement began, so that must be after the
+# wait for the previous holder of the sentinel.
+LOCK_SENTINEL = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(version=customer_locks.c.version)
+)
+_GRANTED = func.row_count() > literal_column("0")
+CLAIM_IF_GRANTED = CLAIM.where(_GRANTED)
 CASE_RULE = select(customer_locks.c.case_insensitive).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
@@ -554,6 +583,7 @@ DEQUEUE = delete(path_lock_waiters).where(
     path_lock_waiters.c.ticket == bindparam("w_ticket"),
     path_lock_waiters.c.lease_id == bindparam("l_id"),
 )
+DEQUEUE_IF_GRANTED = DEQUEUE.where(_GRANTED)
 # A request whose outcome is in doubt (interrupted) leaves the queue by its
 # lease id: the ticket may never have reached the client.
 FORGET_REQUEST = delete(path_lock_waiters).where(

@@ -44,14 +44,17 @@ from pathlock._records import (
 from pathlock._statements import (
     BUMP,
     CLAIM,
+    CLAIM_IF_GRANTED,
     CLAIM_SENTINELS,
     DEQUEUE,
+    DEQUEUE_IF_GRANTED,
     ENQUEUE,
     ENQUEUED,
     FORGET_REQUEST,
     HELD,
     LEASE_ALIVE,
     LIVE_WAITERS,
+    LOCK_SENTINEL,
     LOCK_SENTINELS,
     MAX_BLOCKERS,
     NO_TICKET,
@@ -94,34 +97,68 @@ class _Picture:
     ) -> _Picture:
         """The picture, by reads in the connection's transaction. With
         ``end``, the transaction ends here too (rolled back: plain reads)."""
-        conflicts = blockers_query(shape(request.paths))
-        blocking: Sequence[Any]
-        queue: Sequence[Any]
-        owner_locks = _OwnerLocks(connection, parameters)
         if batch.supports_batches(connection):
             # Every read it may need in one round trip (the owner's own locks
             # are needed when an older queued request conflicts, as on a busy
             # path): a denied attempt makes them while it holds the
             # customer's sentinel row. A waiter's check ends with its
             # ROLLBACK in the same round trip, where it can.
-            found, waiting, owned = batch.run(
+            replies = batch.run(
                 connection,
-                [(conflicts, parameters), (LIVE_WAITERS, parameters), (OWNER_LOCKS, parameters)],
+                cls.steps(request, parameters),
                 rollback=end and batch.commits_in_batches(connection),
             )
-            blocking, queue = found.rows, waiting.rows
-            owner_locks.known([(row.path, row.mode) for row in owned.rows])
+            picture = cls.judged(connection, request, ticket, parameters, replies)
         else:
-            blocking = connection.execute(conflicts, parameters).all()
-            queue = connection.execute(LIVE_WAITERS, parameters).all()
+            blocking = connection.execute(blockers_query(shape(request.paths)), parameters)
+            queue = connection.execute(LIVE_WAITERS, parameters)
+            owner_locks = _OwnerLocks(connection, parameters)
+            picture = cls._judge(request, ticket, blocking.all(), queue.all(), owner_locks)
+        if end and connection.in_transaction():
+            connection.rollback()
+        return picture
+
+    @staticmethod
+    def steps(
+        request: GrantRequest, parameters: dict[str, Any]
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """The reads of a picture, as steps of a batch (:func:`batch.run`)."""
+        return [
+            (blockers_query(shape(request.paths)), parameters),
+            (LIVE_WAITERS, parameters),
+            (OWNER_LOCKS, parameters),
+        ]
+
+    @classmethod
+    def judged(
+        cls,
+        connection: Connection,
+        request: GrantRequest,
+        ticket: int | None,
+        parameters: dict[str, Any],
+        replies: Sequence[batch.Reply],
+    ) -> _Picture:
+        """The picture from the replies to :meth:`steps`."""
+        found, waiting, owned = replies
+        owner_locks = _OwnerLocks(connection, parameters)
+        owner_locks.known([(row.path, row.mode) for row in owned.rows])
+        return cls._judge(request, ticket, found.rows, waiting.rows, owner_locks)
+
+    @classmethod
+    def _judge(
+        cls,
+        request: GrantRequest,
+        ticket: int | None,
+        blocking: Sequence[Any],
+        queue: Sequence[Any],
+        owner_locks: _OwnerLocks,
+    ) -> _Picture:
         blockers = tuple(lock_info(row) for row in blocking)
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
         if any(requests_conflict(info.paths, request.paths) for info in earlier):
             ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
-        if end and connection.in_transaction():
-            connection.rollback()
         return cls(blockers, queued, tuple(ahead), owner_locks)
 
 
@@ -196,8 +233,11 @@ class Store:
         batch, before its time starts to run (see :func:`batch.prepare`)."""
         dialect = self.router.nodes[0].engine.dialect
         if self.dialect.batches:
+            form = shape(request.paths)
             batch.prepare(CLAIM, dialect)
-            batch.prepare(grant_statement(shape(request.paths), queued=True), dialect)
+            batch.prepare(grant_statement(form, queued=True), dialect)
+            if batch.may_commit(dialect):
+                batch.prepare(grant_statement(form, queued=True, sentinel_after=True), dialect)
 
     def try_grant(
         self,
@@ -223,7 +263,17 @@ class Store:
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
             if number == 1 and self.dialect.can_batch(connection):
-                outcome = self._grant_batched(connection, request, ticket, queue)
+                denied = False
+                if batch.commits_in_batches(connection):
+                    granted = self._grant_in_one(connection, request, ticket)
+                    if granted is not None:
+                        return granted
+                    # Denied, or the sentinel row is missing, or the case
+                    # rules differ: nothing was written, the transaction is
+                    # over. The attempt below says who is in the way, and
+                    # queues.
+                    denied = True
+                outcome = self._grant_batched(connection, request, ticket, queue, denied=denied)
                 if outcome is not None:
                     return outcome
             token = self._tx.bump(connection, request.customer_id, grant=True)
@@ -256,28 +306,81 @@ class Store:
             patience=patience,
         )
 
+    def _grant_in_one(
+        self, connection: Connection, request: GrantRequest, ticket: int | None
+    ) -> Granted | None:
+        """The grant in one round trip, its COMMIT included, where nobody is
+        in the way and nobody is queued before it (see ``LOCK_SENTINEL`` in
+        :mod:`pathlock._statements`); ``None`` if not granted: then nothing
+        was written, and the transaction is over."""
+        customer = request.customer_id
+        parameters = self._grant_parameters(request, ticket)
+        parameters.update(self._tx.claim_parameters(customer))
+        steps: list[tuple[Any, dict[str, Any]]] = [
+            (LOCK_SENTINEL, {"c_id": customer}),
+            (
+                grant_statement(shape(request.paths), queued=True, sentinel_after=True),
+                parameters,
+            ),
+            (CLAIM_IF_GRANTED, self._tx.claim_parameters(customer)),
+        ]
+        if ticket is not None:
+            steps.append(
+                (
+                    DEQUEUE_IF_GRANTED,
+                    {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket},
+                )
+            )
+        _locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
+        if granted.rowcount == 0:
+            return None
+        if granted.rowcount != len(request.paths) or claimed.rowcount != 1:
+            # One consistent read decides for every path, so this cannot
+            # happen; if it did, the rows are committed: the caller leaves
+            # them in doubt, to be deleted by their lease id.
+            raise BackendError(
+                "acquiring locks",
+                RuntimeError(
+                    f"{granted.rowcount} of {len(request.paths)} rows inserted and the"
+                    f" sentinel written {claimed.rowcount} times; committed"
+                ),
+            )
+        return Granted(int(claimed.lastrowid))
+
     def _grant_batched(
-        self, connection: Connection, request: GrantRequest, ticket: int | None, queue: bool
+        self,
+        connection: Connection,
+        request: GrantRequest,
+        ticket: int | None,
+        queue: bool,
+        *,
+        denied: bool = False,
     ) -> Granted | Blocked | Deadlocked | None:
         """The first two statements of :meth:`_grant` (sentinel write, then
         the grant) in one round trip; ``None`` (rolled back) if the sentinel
         row does not exist yet: then nothing was serialized, and the caller
-        creates it and attempts the usual way."""
+        creates it and attempts the usual way. ``denied``: a grant in one
+        round trip was just denied, so this one likely is too: the reads that
+        say who is in the way go in the same round trip, which saves one
+        while the sentinel row is held."""
         parameters = self._grant_parameters(request, ticket)
-        bumped, granted = batch.run(
-            connection,
-            [
-                (CLAIM, self._tx.claim_parameters(request.customer_id)),
-                (grant_statement(shape(request.paths), queued=True), parameters),
-            ],
-        )
+        steps: list[tuple[Any, dict[str, Any]]] = [
+            (CLAIM, self._tx.claim_parameters(request.customer_id)),
+            (grant_statement(shape(request.paths), queued=True), parameters),
+        ]
+        if denied:
+            steps += _Picture.steps(request, parameters)
+        bumped, granted, *reads = batch.run(connection, steps)
         if bumped.rowcount == 0:
             connection.rollback()
             return None
         token = bumped.lastrowid
         if self._all_or_none(connection, request, granted.rowcount):
             return self._granted(connection, request, token, ticket)
-        return self._denied(connection, request, token, ticket, queue=queue, parameters=parameters)
+        picture = _Picture.judged(connection, request, ticket, parameters, reads) if reads else None
+        return self._denied(
+            connection, request, token, ticket, queue=queue, parameters=parameters, picture=picture
+        )
 
     @staticmethod
     def _grant_parameters(request: GrantRequest, ticket: int | None) -> dict[str, Any]:
@@ -312,11 +415,14 @@ class Store:
         *,
         queue: bool,
         parameters: dict[str, Any],
+        picture: _Picture | None = None,
     ) -> Granted | Blocked | Deadlocked:
-        # Denied: read who is in the way while still holding the sentinel, so
-        # the picture is the one that denied us (the grant's parameters hold
-        # the conflict query's, and more).
-        picture = _Picture.read(connection, request, ticket, parameters)
+        # Denied: read who is in the way while still holding the sentinel
+        # (unless ``picture`` was read so already), so the picture is the one
+        # that denied us (the grant's parameters hold the conflict query's,
+        # and more).
+        if picture is None:
+            picture = _Picture.read(connection, request, ticket, parameters)
         if picture.blockers:
             deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
             if deadlock is not None:

@@ -500,7 +500,7 @@ def _versus_meaning(figures: dict[str, VersusFigures], ratios: dict[str, float],
         "Both APIs run the same code and the same SQL; the asyncio API adds the "
         "event loop's work around each database call (a request and a release each run in a "
         "task of the manager's own, and every call into the driver goes through the loop); "
-        "both send the same three round trips to MySQL and MariaDB. On SQLite each "
+        "both send the same two round trips to MySQL and MariaDB. On SQLite each "
         "transaction runs whole on a worker thread, one hand-off from the loop and back per "
         "transaction. Through aiosqlite (the last rows, beside the goal, not part of it), "
         "which also runs SQLite on a thread of its own, every call of the driver (cursor, "

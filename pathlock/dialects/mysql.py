@@ -14,10 +14,17 @@ from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.types import TypeEngine
 
-from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
-from pathlock.dialects.base import ISOLATION_LEVEL, Dialect, Fenced, Now, NowPlus, new_engine
+from pathlock.dialects.base import (
+    COMMIT_ALONE,
+    ISOLATION_LEVEL,
+    Dialect,
+    Fenced,
+    Now,
+    NowPlus,
+    new_engine,
+)
 from pathlock.errors import BackendError
 
 if TYPE_CHECKING:
@@ -287,7 +294,7 @@ def _session_settings(lock_wait_timeout: int) -> Callable[[Any, object], None]:
             # same, as a write never checked against the one committed beside
             # it: in about 1 of 500 such 1213s measured, and in none of about
             # 2,000 answered to a COMMIT sent on its own (docs/CLUSTER.md).
-            record.info[batch.COMMIT_ALONE] = True
+            record.info[COMMIT_ALONE] = True
 
     return on_connect
 

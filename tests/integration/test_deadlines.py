@@ -200,7 +200,9 @@ def test_a_hung_node_is_passed_over_within_the_timeout(
 
 def _grant_and_freeze_before_commit(url: str, customer_id: int, ready: Any) -> None:
     """Run a real grant and stop this process (SIGSTOP) when its COMMIT is
-    about to go out: its transaction holds the customer's row."""
+    about to go out: its transaction holds the customer's row. On an engine
+    of the caller's, whose statements go one by one (on the engines pathlock
+    creates, an uncontended grant sends its COMMIT with its statements)."""
     commit = pymysql.connections.Connection.commit
 
     def frozen_commit(self: pymysql.connections.Connection) -> None:
@@ -209,7 +211,8 @@ def _grant_and_freeze_before_commit(url: str, customer_id: int, ready: Any) -> N
         commit(self)
 
     pymysql.connections.Connection.commit = frozen_commit
-    with PathLockManager(url, node_id="frozen", heartbeat=False) as manager:
+    engine = create_engine(url, isolation_level="READ COMMITTED")
+    with PathLockManager(engine, node_id="frozen", heartbeat=False) as manager:
         manager.for_customer(customer_id).lock_paths("/frozen", timeout=5)
 
 

@@ -140,14 +140,64 @@ def _statements(command: str) -> list[str]:
     return [part.split()[0].upper() for part in command.split(";\n")]
 
 
+def test_an_uncontended_acquire_and_release_are_two_round_trips(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each with its COMMIT: the acquire locks the sentinel row (an UPDATE
+    that changes nothing), grants, and writes the sentinel (only because it
+    granted); the release writes the sentinel and deletes."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()  # the sentinel row exists
+        with sent(monkeypatch) as commands:
+            lease = locks.lock_paths("/a/b", shared=["/c"])
+            lease.release()
+        assert [_statements(command) for command in commands] == [
+            ["UPDATE", "INSERT", "UPDATE", "COMMIT"],
+            ["UPDATE", "DELETE", "COMMIT"],
+        ], commands
+        assert lease.fencing_token == _version(manager, customer_id) - 1
+
+
+def test_a_denied_attempt_commits_no_write(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A try-lock that is refused: its one-round-trip attempt inserts nothing
+    and so writes no sentinel, and the attempt that says who is in the way
+    rolls its sentinel write back. The version (the next fencing token) does
+    not move."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as other,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        version = _version(holder, customer_id)
+        with sent(monkeypatch) as commands:
+            assert other.for_customer(customer_id).try_lock_paths("/a/b") is None
+        assert _statements(commands[0]) == ["UPDATE", "INSERT", "UPDATE", "COMMIT"], commands
+        assert _version(holder, customer_id) == version
+        lease.release()
+
+
+def _version(manager: PathLockManager, customer_id: int) -> int:
+    with manager.engine.connect() as connection:
+        return int(
+            connection.execute(
+                text("SELECT version FROM customer_locks WHERE customer_id = :c"),
+                {"c": customer_id},
+            ).scalar_one()
+        )
+
+
 def test_a_denied_request_is_queued_in_three_round_trips(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The attempt (sentinel write and grant), the reads that say who is in
-    the way (live locks, the queue, the owner's own locks), and the queue row
-    with its COMMIT: three round trips, all while
-    the request holds the customer's sentinel row, which every other grant
-    and release of the customer waits for."""
+    """The grant in one round trip (denied: nothing written); then the
+    attempt (sentinel write and grant) with the reads that say who is in the
+    way (live locks, the queue, the owner's own locks), and the queue row with
+    its COMMIT: two round trips while the request holds the customer's
+    sentinel row, which every other grant and release of the customer waits
+    for."""
     with (
         PathLockManager(mariadb_url, heartbeat=False) as holder,
         PathLockManager(mariadb_url, heartbeat=False) as waiter,
@@ -155,8 +205,8 @@ def test_a_denied_request_is_queued_in_three_round_trips(
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with sent(monkeypatch) as commands, pytest.raises(LockTimeout):
             waiter.for_customer(customer_id).lock_paths("/a/b", timeout=0.2)
-        assert _statements(commands[0]) == ["UPDATE", "INSERT"], commands[0]
-        assert _statements(commands[1]) == ["SELECT", "SELECT", "SELECT"], commands[1]
+        assert _statements(commands[0]) == ["UPDATE", "INSERT", "UPDATE", "COMMIT"], commands[0]
+        assert _statements(commands[1]) == ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"]
         assert _statements(commands[2]) == ["INSERT", "UPDATE", "COMMIT"], commands[2]
         assert "path_lock_waiters" in commands[2].split(";\n")[0]
         lease.release()
@@ -205,20 +255,20 @@ def test_a_waiters_checks_are_one_round_trip_each(
             thread.join()
 
     second_sent = [_statements(command) for command in by_thread["second"]]
-    # The attempt, who is in the way, the queue row; then checks until the
-    # first in line has released; then the grant.
+    # The grant in one round trip (denied), the attempt with who is in the
+    # way, the queue row; then checks until the first in line has released; then
+    # the grant in one round trip, its queue row removed with it; the release.
     assert second_sent[:3] == [
-        ["UPDATE", "INSERT"],
-        ["SELECT", "SELECT", "SELECT"],
+        ["UPDATE", "INSERT", "UPDATE", "COMMIT"],
+        ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"],
         ["INSERT", "UPDATE", "COMMIT"],
     ], second_sent
-    checks = second_sent[3:-3]
+    checks = second_sent[3:-2]
     assert set(map(tuple, checks)) == {
         ("SELECT", "ROLLBACK"),  # the version
         ("SELECT", "SELECT", "SELECT", "ROLLBACK"),  # the place: locks, queue, own locks
     }, second_sent
-    assert second_sent[-3:] == [
-        ["UPDATE", "INSERT"],
-        ["DELETE", "COMMIT"],
+    assert second_sent[-2:] == [
+        ["UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"],
         ["UPDATE", "DELETE", "COMMIT"],
     ], second_sent
