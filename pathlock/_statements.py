@@ -387,8 +387,9 @@ def grant_statement(form: Shape, *, queued: bool, sentinel_after: bool = False) 
     ``sentinel_after=True``: for a grant in one round trip (see
     :data:`LOCK_SENTINEL`), where the sentinel row
     is only locked before this statement and written after it, if it
-    inserted: the token is the version plus one, and the customer's case rule
-    is checked here (as ``CLAIM`` checks it)."""
+    inserted: the token is the version plus one, the customer's case rule
+    is checked here (as ``CLAIM`` checks it), and nothing is inserted once
+    the client has stopped waiting (:data:`SET_GRANT_UNTIL`)."""
     if form.paths == 1:
         source: Any = customer_locks
         path: Any = bindparam("rq_path_0", type_=String)
@@ -427,7 +428,7 @@ def grant_statement(form: Shape, *, queued: bool, sentinel_after: bool = False) 
     if queued:
         values = values.where(~exists().where(queue_condition()))
     if sentinel_after:
-        values = values.where(_case_rule_holds())
+        values = values.where(_case_rule_holds(), now() < _GRANT_UNTIL)
     columns = [
         "customer_id",
         "lease_id",
@@ -485,6 +486,15 @@ LOCK_SENTINEL = (
     .values(version=customer_locks.c.version)
 )
 _GRANTED = func.row_count() > literal_column("0")
+# The first statement of a grant in one round trip (MySQL, MariaDB): until
+# when, in the server's time, the client waits for its reply. The lock may
+# wait long (a frozen client holds the sentinel row), and the server runs the
+# rest of the query, its COMMIT included, even after the client gave up: a
+# grant that begins later inserts nothing, so it cannot land unseen.
+SET_GRANT_UNTIL = text(
+    "SET @pathlock_grant_until = TIMESTAMPADD(MICROSECOND, :until_us, UTC_TIMESTAMP(6))"
+)
+_GRANT_UNTIL: ColumnElement[Any] = literal_column("@pathlock_grant_until")
 CLAIM_IF_GRANTED = CLAIM.where(_GRANTED)
 CASE_RULE = select(customer_locks.c.case_insensitive).where(
     customer_locks.c.customer_id == bindparam("c_id")

@@ -22,6 +22,7 @@ they share.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pathlock import _batch as batch
+from pathlock import _deadlines as deadlines
 from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
 from pathlock._records import (
     Blocked,
@@ -63,6 +65,7 @@ from pathlock._statements import (
     RELEASE,
     RELEASE_OWNER,
     RENEW,
+    SET_GRANT_UNTIL,
     UNBUMP,
     VERSION,
     blockers_query,
@@ -316,7 +319,13 @@ class Store:
         customer = request.customer_id
         parameters = self._grant_parameters(request, ticket)
         parameters.update(self._tx.claim_parameters(customer))
+        # Until when this attempt waits for the reply (its socket timeout).
+        waits = self.settings.socket_timeout
+        limit = deadlines.current()
+        if limit is not None:
+            waits = min(waits, max(limit.ends - time.monotonic(), 0.0))
         steps: list[tuple[Any, dict[str, Any]]] = [
+            (SET_GRANT_UNTIL, {"until_us": int(waits * 1_000_000)}),
             (LOCK_SENTINEL, {"c_id": customer}),
             (
                 grant_statement(shape(request.paths), queued=True, sentinel_after=True),
@@ -331,7 +340,7 @@ class Store:
                     {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket},
                 )
             )
-        _locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
+        _until, _locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
         if granted.rowcount == 0:
             return None
         if granted.rowcount != len(request.paths) or claimed.rowcount != 1:

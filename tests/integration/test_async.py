@@ -549,9 +549,9 @@ def test_statements_are_batched_over_asyncmy_too(
     # grant made one by one; the denied try in one round trip, then with its
     # reads; the release, whose COMMIT goes with it.
     assert batches == [
-        (3, "COMMIT"),
+        (4, "COMMIT"),
         (5, ""),
-        (3, "COMMIT"),
+        (4, "COMMIT"),
         (5, ""),
         (2, "COMMIT"),
     ], batches

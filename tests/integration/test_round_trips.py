@@ -3,6 +3,7 @@ PyMySQL sends, counted where it sends them."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -14,9 +15,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pathlock import LockTimeout, PathLockManager
+from pathlock import DatabaseTimeout, LockTimeout, Owner, PathLockManager
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
+from pathlock._records import GrantRequest
+from pathlock.paths import normalize_request
 from tests.integration.commit_faults import CommitFaults
 
 
@@ -153,7 +156,7 @@ def test_an_uncontended_acquire_and_release_are_two_round_trips(
             lease = locks.lock_paths("/a/b", shared=["/c"])
             lease.release()
         assert [_statements(command) for command in commands] == [
-            ["UPDATE", "INSERT", "UPDATE", "COMMIT"],
+            ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
             ["UPDATE", "DELETE", "COMMIT"],
         ], commands
         assert lease.fencing_token == _version(manager, customer_id) - 1
@@ -174,9 +177,45 @@ def test_a_denied_attempt_commits_no_write(
         version = _version(holder, customer_id)
         with sent(monkeypatch) as commands:
             assert other.for_customer(customer_id).try_lock_paths("/a/b") is None
-        assert _statements(commands[0]) == ["UPDATE", "INSERT", "UPDATE", "COMMIT"], commands
+        assert _statements(commands[0]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], commands
         assert _version(holder, customer_id) == version
         lease.release()
+
+
+def test_a_grant_that_waited_past_its_time_for_the_sentinel_lands_nothing(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The sentinel row is held (by a client frozen in its transaction, say)
+    while a grant in one round trip waits for it, and the grant's caller
+    stops waiting. Once the row is free the server runs the rest of the
+    query, its COMMIT included: the grant, begun after the time its caller
+    waited, inserts nothing."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()  # the sentinel row exists
+        version = _version(manager, customer_id)
+        request = GrantRequest(
+            customer_id,
+            secrets.token_hex(16),
+            normalize_request(["/c"], []),
+            Owner("late", 1, "t"),
+            "",
+            30.0,
+        )
+        with manager.engine.connect() as holder:
+            holder.execute(
+                text("UPDATE customer_locks SET version = version WHERE customer_id = :c"),
+                {"c": customer_id},
+            )
+            started = time.monotonic()
+            with pytest.raises(DatabaseTimeout):
+                manager._store.try_grant(
+                    request, None, queue=False, patience=started + 0.5, deadline=started + 0.5
+                )
+            holder.commit()  # the row is free: the server goes on with the query
+        time.sleep(0.5)
+        assert locks.list_locks() == []
+        assert _version(manager, customer_id) == version
 
 
 def _version(manager: PathLockManager, customer_id: int) -> int:
@@ -205,7 +244,9 @@ def test_a_denied_request_is_queued_in_three_round_trips(
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with sent(monkeypatch) as commands, pytest.raises(LockTimeout):
             waiter.for_customer(customer_id).lock_paths("/a/b", timeout=0.2)
-        assert _statements(commands[0]) == ["UPDATE", "INSERT", "UPDATE", "COMMIT"], commands[0]
+        assert _statements(commands[0]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], (
+            commands[0]
+        )
         assert _statements(commands[1]) == ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"]
         assert _statements(commands[2]) == ["INSERT", "UPDATE", "COMMIT"], commands[2]
         assert "path_lock_waiters" in commands[2].split(";\n")[0]
@@ -259,7 +300,7 @@ def test_a_waiters_checks_are_one_round_trip_each(
     # way, the queue row; then checks until the first in line has released; then
     # the grant in one round trip, its queue row removed with it; the release.
     assert second_sent[:3] == [
-        ["UPDATE", "INSERT", "UPDATE", "COMMIT"],
+        ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
         ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"],
         ["INSERT", "UPDATE", "COMMIT"],
     ], second_sent
@@ -269,6 +310,6 @@ def test_a_waiters_checks_are_one_round_trip_each(
         ("SELECT", "SELECT", "SELECT", "ROLLBACK"),  # the place: locks, queue, own locks
     }, second_sent
     assert second_sent[-2:] == [
-        ["UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"],
+        ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"],
         ["UPDATE", "DELETE", "COMMIT"],
     ], second_sent
