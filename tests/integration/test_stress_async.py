@@ -13,7 +13,10 @@ moment, in one of three ways: ``asyncio.timeout()`` around the grant; another
 task's ``cancel()`` a few milliseconds after the request started, which lands
 anywhere (before it starts, while it waits, while its grant commits, while it
 holds, while it releases); or a ``cancel()`` a moment after the grant, which
-lands in the hold or the release.
+lands in the hold or the release. At these sizes the random requests seldom
+meet (about one refused try-lock a run), so each process also holds a path of
+its own for a second while a try-lock of another task is refused and a short
+blocking request times out (``_contended``).
 
 What is checked:
 
@@ -110,6 +113,7 @@ TRY_SHARE = 0.3  # of requests: try_lock_paths; the others lock_paths
 WITH_SHARE = 0.2  # of uncancelled lock_paths: as ``async with``
 CANCEL_SHARE = 0.25  # of requests: cancelled at a random moment
 SHORT_TIMEOUT = (0.05, 1.0)  # seconds: the ``timeout=`` of blocking requests
+CONTENDED_HOLD = 1.0  # seconds: see _contended()
 # A process's rows drain within this after its tasks end: background releases,
 # leases in doubt settled every settings.settle_retry.
 DRAIN_TIME = 15.0
@@ -367,29 +371,55 @@ async def _task(shared: _Process, number: int) -> None:
         exclusive, shared_paths = _random_request(rng)
         plan = _plan(rng)
         request = _Request(f"astress {spec.index}.{number}.{index}", exclusive, shared_paths)
-        operation = asyncio.create_task(_operation(shared.locks, plan, request))
-        if plan.cancel == "anytime":
-            _cancel_later(request, plan.cancel_after, operation)
-        cancelled = False
-        failure = None
-        try:
-            await operation
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # this task itself is being cancelled
-            cancelled = True
-        except LockTimeout:
-            failure = "timeouts"
-        except PathLockError as error:  # the database did not answer, say
-            failure = f"error {type(error).__name__}"
-            shared.problems.append(f"request {request.reason} failed: {error!r}")
-        finally:
-            for canceller in request.cancellers:
-                canceller.cancel()
-        _account(shared, request, _outcome(request, cancelled, failure))
-        if (cancelled and request.phase == "request") or request.expired:
-            await _check_cancelled(shared, request)
+        await _run(shared, plan, request)
+
+
+async def _run(shared: _Process, plan: _Plan, request: _Request) -> None:
+    """Run one request as a task of its own, then count how it ended."""
+    operation = asyncio.create_task(_operation(shared.locks, plan, request))
+    if plan.cancel == "anytime":
+        _cancel_later(request, plan.cancel_after, operation)
+    cancelled = False
+    failure = None
+    try:
+        await operation
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # this task itself is being cancelled
+        cancelled = True
+    except LockTimeout:
+        failure = "timeouts"
+    except PathLockError as error:  # the database did not answer, say
+        failure = f"error {type(error).__name__}"
+        shared.problems.append(f"request {request.reason} failed: {error!r}")
+    finally:
+        for canceller in request.cancellers:
+            canceller.cancel()
+    _account(shared, request, _outcome(request, cancelled, failure))
+    if (cancelled and request.phase == "request") or request.expired:
+        await _check_cancelled(shared, request)
+
+
+async def _contended(shared: _Process) -> None:
+    """Contention that the random requests may well not bring at CI's sizes
+    (about one refused try-lock a run): one task holds a path of this
+    process's own for CONTENDED_HOLD; meanwhile another task's try-lock is
+    refused and a third's short blocking request times out. All three go on
+    record as any request does."""
+    path = f"/contended/{shared.spec.index}"
+    name = f"astress {shared.spec.index}.contended"
+
+    def plan(*, blocking: bool, timeout: float = 5.0, hold: float = 0.0) -> _Plan:
+        return _Plan(blocking, timeout, False, hold, None, 0.0)
+
+    holder = asyncio.create_task(
+        _run(shared, plan(blocking=True, hold=CONTENDED_HOLD), _Request(f"{name}.hold", [path], []))
+    )
+    await asyncio.sleep(CONTENDED_HOLD / 4)
+    await _run(shared, plan(blocking=False), _Request(f"{name}.try", [path], []))
+    await _run(shared, plan(blocking=True, timeout=0.05), _Request(f"{name}.wait", [path], []))
+    await holder
 
 
 async def _drain(shared: _Process, node_id: str) -> None:
@@ -417,7 +447,9 @@ async def _process(spec: WorkerSpec, barrier: Barrier) -> _Process:
         shared = _Process(spec, locks, manager.settings.resolve_time)
         # Off the loop: the manager's background threads hand their calls to it.
         await asyncio.to_thread(barrier.wait, START_TIMEOUT)
-        await asyncio.gather(*(_task(shared, number) for number in range(TASKS)))
+        await asyncio.gather(
+            _contended(shared), *(_task(shared, number) for number in range(TASKS))
+        )
         await _drain(shared, node_id)
     return shared
 
