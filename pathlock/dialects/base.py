@@ -21,12 +21,14 @@ if TYPE_CHECKING:
     from pathlock.settings import Settings
 
 ISOLATION_LEVEL = "READ COMMITTED"
-# Set (True) in a connection's pool record ``info`` by a family whose server
-# must get that connection's COMMIT on its own, never at the end of a batch
-# (pathlock._batch): a Galera node (see pathlock.dialects.mysql).
-COMMIT_ALONE = "pathlock_commit_alone"
 """The conflict check is only sound under READ COMMITTED (see the README's
 "How it works"): every transaction of pathlock runs in it."""
+
+COMMIT_ALONE = "pathlock_commit_alone"
+"""Set (``True``) in a connection's pool record ``info`` by a family whose
+server must get that connection's COMMIT on its own, never at the end of a
+batch (:mod:`pathlock._batch`): a Galera node (see
+:mod:`pathlock.dialects.mysql`)."""
 
 READ_ONLY = "pathlock_read_only"
 """Execution option of a connection whose transaction only reads."""
