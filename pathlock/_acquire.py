@@ -28,6 +28,7 @@ from pathlock._flow import (
     Sleep,
     Step,
     Stop,
+    TakeUp,
     drive,
 )
 from pathlock._records import GrantRequest
@@ -64,6 +65,7 @@ def acquire(
     closed: Callable[[], bool] = lambda: False,
     cancel: Cancel | None = None,
     left_behind: LeftBehind | None = None,
+    take_up_later: bool = False,
 ) -> Result:
     """Attempt until ``request`` is granted: return its fencing token and the
     lease clock's time (``settings.clock.now()``) when its granting attempt
@@ -75,6 +77,11 @@ def acquire(
     local waiters), :class:`LockCancelled` once ``cancel`` is set (seen within
     :data:`CANCEL_CHECK` seconds while the request sleeps; an attempt under way
     ends first).
+
+    Paths a release handed to the request are taken up (extended to its
+    ttl) before this returns, or with ``take_up_later`` (the caller renews
+    its leases) by the lease's first renewal: then the result says how long
+    they last until then.
 
     A request that gives up leaves the queue within its time; if the database
     does not answer in time, ``left_behind(customer_id, lease_id)`` is called
@@ -89,14 +96,19 @@ def acquire(
     its own bound (:class:`DatabaseTimeout` after ``call_time``)."""
     store.prepare(request)  # client CPU, not the database's time
     flow = AcquireFlow(
-        request, store.settings, policy.start(), blocking=blocking, wait_limit=wait_limit
+        request,
+        store.settings,
+        policy.start(),
+        blocking=blocking,
+        wait_limit=wait_limit,
+        handed_over=store.hands_over,
     )
     watch = wakeups.watch(request.customer_id)
 
     def bounded(_limit: deadlines.Limit) -> Result:
         with watch:
             try:
-                steps = _Steps(store, request, watch, closed, cancel)
+                steps = _Steps(store, request, watch, closed, cancel, take_up_later=take_up_later)
                 return drive(flow.steps(), steps, PathLockError)
             finally:
                 _leave(store, request, flow.leave(), left_behind)
@@ -117,14 +129,17 @@ class _Steps:
         watch: Watch,
         closed: Callable[[], bool],
         cancel: Cancel | None,
+        *,
+        take_up_later: bool,
     ) -> None:
+        self._take_up_later = take_up_later
         self._store = store
         self._request = request
         self._watch = watch
         self._closed = closed
         self._cancel = cancel
 
-    def __call__(self, step: Step) -> Any:  # noqa: PLR0911 - one return per kind of step
+    def __call__(self, step: Step) -> Any:  # noqa: PLR0911, PLR0912 - one per kind of step
         store, request = self._store, self._request
         if isinstance(step, Attempt):
             return store.try_grant(
@@ -141,7 +156,12 @@ class _Steps:
             seconds, idle = min(step.seconds, CANCEL_CHECK), min(step.idle, CANCEL_CHECK)
             return self._watch.wait(seconds, idle) or self._cancel.is_set()
         if isinstance(step, ReadVersion):
-            return store.version(request.customer_id, deadline=step.deadline)
+            lease_id = request.lease_id if step.handed else None
+            return store.watch(request.customer_id, lease_id, step.ahead, deadline=step.deadline)
+        if isinstance(step, TakeUp):
+            if step.later and self._take_up_later:
+                return None  # the lease's first renewal takes them up
+            return store.take_up(request, deadline=step.deadline)
         if isinstance(step, Behind):
             return self._watch.behind()
         if isinstance(step, Judge):

@@ -44,7 +44,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook
+from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook, Watched
 from pathlock.errors import (
     ContentionTimeout,
     DatabaseTimeout,
@@ -138,9 +138,26 @@ class Behind:
 
 @dataclass(frozen=True, slots=True)
 class ReadVersion:
-    """Reply: the customer's sentinel version (a plain read)."""
+    """Reply: a :class:`Watched`: the customer's sentinel version (a plain
+    read) and, where ``handed`` (the request is queued), the fencing token of
+    the rows a release handed to the request, if any, and how many of the
+    tickets ``ahead`` are still queued."""
 
     deadline: float | None
+    handed: bool = False
+    ahead: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TakeUp:
+    """Take up the rows a release handed to the request. Reply: True when
+    they were extended to the request's ttl; ``None`` when that is left to
+    the lease's first renewal (allowed when ``later``, and the manager
+    renews its leases); False when they expired before that (the request is
+    no longer queued)."""
+
+    deadline: float | None
+    later: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +174,21 @@ class Stop:
     closed, the caller cancelled it), as the error to raise; ``None``: go on."""
 
 
-Step = Attempt | Place | Sleep | Refresh | Behind | ReadVersion | Judge | Stop
+Step = Attempt | Place | Sleep | Refresh | Behind | ReadVersion | TakeUp | Judge | Stop
 
-Result = tuple[int, float] | None
-"""A grant's fencing token and the lease clock's time when its granting
-attempt started; ``None``: a try-lock that was denied."""
+Result = tuple[int, float, float | None] | None
+"""A grant's fencing token; the lease clock's time when its granting attempt
+started; and, for paths a release handed over and nobody has taken up yet,
+how long their rows last from then (``None``: the request's ttl). ``None``:
+a try-lock that was denied."""
+
+
+_SLEEP, _ATTEMPT, _JUDGE = "sleep", "attempt", "judge"
+
+LATER_TAKE_UP = 1.0
+"""Handed rows with at least this many seconds left may wait for the lease's
+first renewal (a third of the way through them); fewer are taken up at
+once, so that a lease is never returned nearly lost."""
 
 
 class AcquireFlow:
@@ -189,8 +216,12 @@ class AcquireFlow:
         *,
         blocking: bool,
         wait_limit: float | None,
+        handed_over: bool = False,
     ) -> None:
         self.request = request
+        # Whether a release may grant this request's paths to it while it is
+        # queued (Store.release): then its checks look for that too.
+        self._handed_over = handed_over
         self._settings = settings
         self._clock = settings.clock
         self._delays = delays
@@ -208,6 +239,9 @@ class AcquireFlow:
         self._refresh_due = math.inf
         self._version: int | None = None
         self._next_in_line = False
+        self._checked_at = 0.0  # the lease clock's time before the last check
+        # The tickets of the older requests that go first, as last seen.
+        self._ahead: tuple[int, ...] = ()
 
     def leave(self) -> int | None:
         """The ticket to give up when the request ends (timeout, deadlock,
@@ -246,7 +280,7 @@ class AcquireFlow:
                 raise self._timeout(contended=True) from None
             if isinstance(outcome, Granted):
                 self.ticket = None  # the grant removed the queue row
-                return outcome.fencing_token, lease_clock
+                return outcome.fencing_token, lease_clock, None
             if not self._blocking:
                 return None  # a try-lock only reports the conflict
             if isinstance(outcome, Deadlocked):
@@ -255,7 +289,9 @@ class AcquireFlow:
             yield self._queued(outcome.ticket, started, outcome.ahead)
             if clock.monotonic() >= self.deadline:
                 raise self._timeout()
-            yield from self._wait(outcome.version, started)
+            handed = yield from self._wait(outcome.version, started)
+            if handed is not None:
+                return handed
 
     def _timeout(self, *, unanswered: bool = False, contended: bool = False) -> LockTimeout:
         last = self._last
@@ -285,13 +321,17 @@ class AcquireFlow:
             self._refresh_due = attempt_started + self._settings.waiter_refresh
         self.ticket = ticket
         self._next_in_line = not ahead
-        return Place(ticket, tuple(info.ticket for info in ahead), new)
+        self._ahead = tuple(info.ticket for info in ahead)
+        return Place(ticket, self._ahead, new)
 
-    def _wait(self, version: int, last_attempt: float) -> Generator[Step, Any, None]:
+    def _wait(  # noqa: PLR0911 - one return per way a wait ends
+        self, version: int, last_attempt: float
+    ) -> Generator[Step, Any, Result]:
         """Return when another attempt can succeed (a plain-read check says
         so after the version moved, or at the recheck), when a local release
-        happened, or when the deadline passed. Keeps the queue row alive
-        meanwhile."""
+        happened, or when the deadline passed; or, with the request's
+        :data:`Result`, when a release handed its paths to it and it took them
+        up. Keeps the queue row alive meanwhile."""
         clock, settings, deadline = self._clock, self._settings, self.deadline
         self._moved_to(version)
         recheck_at = last_attempt + settings.recheck
@@ -302,12 +342,14 @@ class AcquireFlow:
             # place changing) wakes this one. 200 threads polling and
             # rechecking kept the database too busy to keep their rows alive.
             idle_until = deadline if self.ticket is None else min(deadline, self._refresh_due)
-            wake_at = min(now + self._delays.next(), recheck_at, idle_until)
+            wake_at = min(now + self._delay(), recheck_at, idle_until)
             if (yield Sleep(max(0.0, wake_at - now), max(0.0, idle_until - now))):
-                return  # a release in this process (or the manager closed)
+                # A release in this process (or the manager closed): it may
+                # have handed its paths to this request.
+                return (yield from self._handed()) if self._queued_for_hand_over() else None
             now = clock.monotonic()
             if now >= deadline:
-                return  # one last attempt, for its answer
+                return None  # one last attempt, for its answer
             try:
                 if self.ticket is not None and now >= self._refresh_due:
                     if not (yield Refresh(self.ticket, self._by(deadline))):
@@ -315,17 +357,18 @@ class AcquireFlow:
                         # queue again, behind whoever queued meanwhile.
                         self.ticket = None
                         yield Place(None, (), False)
-                        return
+                        return None
                     self._refresh_due = now + settings.waiter_refresh
                 if (yield Behind()):
                     continue
-                current = yield ReadVersion(self._by(deadline))
-                moved = current != self._version
-                if not moved and now < recheck_at:
+                watched = yield from self._check()
+                if watched.handed is not None:
+                    return (yield from self._take_up(watched.handed, watched.handed_for))
+                then = self._after(watched, now < recheck_at)
+                if then is _SLEEP:
                     continue
-                self._moved_to(current)
-                if moved and self._next_in_line:
-                    return  # the likely next grant: straight to the attempt
+                if then is _ATTEMPT:
+                    return None  # the likely next grant: straight to the attempt
                 recheck_at = now + settings.recheck
                 outlook: Outlook = yield Judge(self.ticket, self._by(deadline))
             except DatabaseTimeout:
@@ -333,10 +376,91 @@ class AcquireFlow:
                     raise
                 # The request's time ran out during a read: the last attempt
                 # (which has ``grace`` more) says whether the database answers.
-                return
+                return None
             if outlook.free:
-                return
+                return None
             self._next_in_line = outlook.next_in_line
+            self._ahead = outlook.ahead
+
+    def _delay(self) -> float:
+        """The sleep before the next check."""
+        delay = self._delays.next()
+        if self._next_in_line and self._queued_for_hand_over():
+            # A release will likely hand its paths to this request: look
+            # often, without the policy's growing gaps.
+            delay = min(delay, self._settings.hand_over_check)
+        return delay
+
+    def _after(self, watched: Watched, before_recheck: bool) -> str:
+        """What a waiting request does after a check that found nothing
+        handed to it: sleep on, attempt, or judge its chances (at a move of
+        the version, at the recheck, or when the requests found ahead of it
+        have all left: then it is likely next)."""
+        left = watched.ahead_left
+        moved = watched.version != self._version
+        self._moved_to(watched.version)
+        if left == 0:
+            return _JUDGE
+        if not moved and before_recheck:
+            return _SLEEP
+        if moved and self._next_in_line:
+            return _ATTEMPT
+        if left and before_recheck:
+            # Older requests that go first are still queued: the move is
+            # theirs (they are the ones a release hands the paths to).
+            return _SLEEP
+        return _JUDGE
+
+    def _check(self) -> Generator[Step, Any, Watched]:
+        """The check of a waiting request."""
+        handed = self._queued_for_hand_over()
+        self._checked_at = self._clock.now()
+        watched: Watched = yield ReadVersion(
+            self._by(self.deadline), handed, self._ahead if handed else ()
+        )
+        if handed and not watched.looked:
+            # This database's releases do not hand paths over (a Galera
+            # node's): check as without hand-overs from now on.
+            self._handed_over = False
+        return watched
+
+    def _queued_for_hand_over(self) -> bool:
+        return self._handed_over and self.ticket is not None
+
+    def _handed(self) -> Generator[Step, Any, Result]:
+        """After a release in this process: the paths it handed to this
+        request, taken up, if it did (``None``: attempt as usual). Woken by
+        the manager's close, or cancelled: that, first."""
+        stop: PathLockError | None = yield Stop()
+        if stop is not None:
+            raise stop
+        try:
+            watched = yield from self._check()
+        except DatabaseTimeout:
+            if self._clock.monotonic() < self.deadline:
+                raise
+            return None  # the last attempt says
+        if watched.handed is None:
+            return None
+        return (yield from self._take_up(watched.handed, watched.handed_for))
+
+    def _take_up(self, token: int, handed_for: float) -> Generator[Step, Any, Result]:
+        """A release granted the request's paths (``token``), for
+        ``handed_for`` seconds from the check that found them: take them up
+        for the request's ttl, now or at the lease's first renewal. ``None``
+        if they expired first (this process stalled): the request is no
+        longer queued, and queues again."""
+        lease_clock = self._clock.now()
+        taken = yield TakeUp(self._by(self.ends), later=handed_for >= LATER_TAKE_UP)
+        self.ticket = None  # the hand-over removed the queue row
+        if taken is None:
+            # The lease lasts as long as the rows, from before the check
+            # that found them, until its first renewal extends them.
+            return token, self._checked_at, handed_for
+        if taken:
+            return token, lease_clock, None
+        yield Place(None, (), False)
+        return None
 
     def _moved_to(self, version: int) -> None:
         if version != self._version:

@@ -57,6 +57,26 @@ class Outlook:
 
     free: bool
     next_in_line: bool
+    ahead: tuple[int, ...] = ()
+    """The tickets of the older queued requests that must go first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A waiting request's check: the customer's sentinel ``version``; the
+    fencing token of the rows a release ``handed`` to the request, if any; how
+    many of the requests found ahead of it are still queued (``ahead_left``),
+    if asked."""
+
+    version: int
+    handed: int | None = None
+    ahead_left: int | None = None
+    looked: bool = False
+    """Whether the check could see paths handed over at all (not on a
+    connection whose releases do not hand over, such as a Galera node's)."""
+    handed_for: float = 0.0
+    """How long the rows handed over have left, by the database's clock
+    (seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,4 +157,7 @@ def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any
         "o_key": request.owner.key,
         "why": request.reason,
         "w_ttl_us": round(waiter_ttl * 1_000_000),
+        # How long paths a release hands to the request last until it takes
+        # them up: no longer than its queue row would, nor than its lease.
+        "w_hand_over_us": round(min(waiter_ttl, request.ttl) * 1_000_000),
     }

@@ -371,7 +371,9 @@ def queue_condition() -> ColumnElement[bool]:
 
 
 @functools.lru_cache(maxsize=256)
-def grant_statement(form: Shape, *, queued: bool, sentinel_after: bool = False) -> Insert:
+def grant_statement(
+    form: Shape, *, queued: bool, sentinel_after: bool = False, handed: bool = False
+) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
     WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
     trip. Built once per request :class:`Shape`; the paths are bind
@@ -389,7 +391,11 @@ def grant_statement(form: Shape, *, queued: bool, sentinel_after: bool = False) 
     is only locked before this statement and written after it, if it
     inserted: the token is the version plus one, the customer's case rule
     is checked here (as ``CLAIM`` checks it), and nothing is inserted once
-    the client has stopped waiting (:data:`SET_GRANT_UNTIL`)."""
+    the client has stopped waiting (:data:`SET_GRANT_UNTIL`).
+
+    ``handed=True``: a release grants the request queued as ``:w_ticket``
+    (see ``Store.release``), which must still be queued and alive: one granted
+    or gone since the release read the queue gets nothing."""
     if form.paths == 1:
         source: Any = customer_locks
         path: Any = bindparam("rq_path_0", type_=String)
@@ -429,6 +435,14 @@ def grant_statement(form: Shape, *, queued: bool, sentinel_after: bool = False) 
         values = values.where(~exists().where(queue_condition()))
     if sentinel_after:
         values = values.where(_case_rule_holds(), now() < _GRANT_UNTIL)
+    if handed:
+        values = values.where(
+            exists().where(
+                path_lock_waiters.c.ticket == bindparam("w_ticket", type_=BigInteger),
+                path_lock_waiters.c.lease_id == bindparam("l_id", type_=String),
+                path_lock_waiters.c.expires_at > now(),
+            )
+        )
     columns = [
         "customer_id",
         "lease_id",
@@ -499,6 +513,10 @@ CLAIM_IF_GRANTED = CLAIM.where(_GRANTED)
 CASE_RULE = select(customer_locks.c.case_insensitive).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
+# After a release handed its paths to the head of the queue, or tried to: the
+# version moves if the hand-over did not move it, so the waiters still queued
+# try for themselves.
+BUMP_IF_UNMOVED = BUMP.where(customer_locks.c.version == bindparam("seen", type_=BigInteger))
 # Undoes BUMP within its transaction: the sentinel is still written (the lock
 # and, on a cluster, the write conflict stay), but the version does not move.
 UNBUMP = (
@@ -507,6 +525,60 @@ UNBUMP = (
     .values(version=customer_locks.c.version - 1)
 )
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
+# A queued request's check (where a release hands paths over, see
+# HAND_OVER_WAITERS): the version, and the fencing token of its own rows if a
+# release has granted them to it.
+_HANDED = (
+    select(path_locks.c.fencing_token)
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.lease_id == bindparam("l_id"),
+        path_locks.c.expires_at > now(),
+    )
+    .limit(1)
+    .scalar_subquery()
+)
+# How long those rows have left, in microseconds of the database's clock.
+_HANDED_FOR = (
+    select(func.timestampdiff(literal_column("MICROSECOND"), now(), path_locks.c.expires_at))
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.lease_id == bindparam("l_id"),
+        path_locks.c.expires_at > now(),
+    )
+    .limit(1)
+    .scalar_subquery()
+)
+WATCH = select(customer_locks.c.version, _HANDED, _HANDED_FOR).where(
+    customer_locks.c.customer_id == bindparam("c_id")
+)
+# The same, for a request with older ones ahead of it: also how many of those
+# are still queued (by primary key), so that it judges its place anew only
+# once they have all left.
+WATCH_AHEAD = select(
+    customer_locks.c.version,
+    _HANDED,
+    _HANDED_FOR,
+    select(func.count())
+    .where(
+        path_lock_waiters.c.ticket.in_(bindparam("ahead", expanding=True)),
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .scalar_subquery(),
+).where(customer_locks.c.customer_id == bindparam("c_id"))
+# The rows a release granted to a queued request, taken up by it under the
+# sentinel row (locked first, as a renewal does): they expire a waiter's ttl
+# after the hand-over unless taken up, never once expired.
+TAKE_UP = (
+    update(path_locks)
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.lease_id == bindparam("l_id"),
+        path_locks.c.expires_at > now(),
+    )
+    .values(expires_at=now_plus(bindparam("ttl_us", type_=BigInteger)))
+)
 # If absent: a concurrent first use may insert the row too.
 CREATE_SENTINEL = insert_if_absent(customer_locks).values(customer_id=bindparam("c_id"), version=0)
 RELEASE = delete(path_locks).where(
@@ -579,6 +651,7 @@ ENQUEUE = insert(path_lock_waiters).values(
     reason=bindparam("why"),
     created_at=now(),
     expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)),
+    hand_over_us=bindparam("w_hand_over_us", type_=BigInteger),
 )
 # A retried attempt whose enqueue may have committed finds its own row by lease.
 ENQUEUED = (
@@ -689,4 +762,17 @@ LIVE_WAITERS = (
     )
     .order_by(path_lock_waiters.c.ticket)
     .limit(bindparam("waiters_limit", MAX_WAITERS, type_=Integer))
+)
+# How many queued requests a release reads: the head of the queue, to hand its
+# paths to, and whether anyone behind it waited for them.
+HAND_OVER_WAITERS = 16
+# What a release reads of them (see Store.release).
+QUEUE_HEAD = (
+    select(*WAITER_COLUMNS, path_lock_waiters.c.hand_over_us)
+    .where(
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .order_by(path_lock_waiters.c.ticket)
+    .limit(HAND_OVER_WAITERS)
 )

@@ -22,6 +22,7 @@ they share.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from pathlock._records import (
     Granted,
     GrantRequest,
     Outlook,
+    Watched,
     grant_parameters,
     lock_info,
     waiter_info,
@@ -45,6 +47,7 @@ from pathlock._records import (
 )
 from pathlock._statements import (
     BUMP,
+    BUMP_IF_UNMOVED,
     CLAIM,
     CLAIM_IF_GRANTED,
     CLAIM_SENTINELS,
@@ -53,6 +56,7 @@ from pathlock._statements import (
     ENQUEUE,
     ENQUEUED,
     FORGET_REQUEST,
+    HAND_OVER_WAITERS,
     HELD,
     LEASE_ALIVE,
     LIVE_WAITERS,
@@ -61,20 +65,40 @@ from pathlock._statements import (
     MAX_BLOCKERS,
     NO_TICKET,
     OWNER_LOCKS,
+    QUEUE_HEAD,
     REFRESH_WAITER,
     RELEASE,
     RELEASE_OWNER,
     RENEW,
     SET_GRANT_UNTIL,
+    TAKE_UP,
     UNBUMP,
     VERSION,
+    WATCH,
+    WATCH_AHEAD,
     blockers_query,
     grant_statement,
     shape,
 )
 from pathlock._transactions import Transactions
-from pathlock.errors import BackendError
+from pathlock.errors import BackendError, PathLockError
+from pathlock.paths import normalize
 from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
+
+log = logging.getLogger("pathlock.store")
+
+
+@dataclass(frozen=True)
+class _Queue:
+    """What a release read, to hand its paths over: the customer's version
+    as it left it, and the oldest live queued requests."""
+
+    version: int
+    waiters: list[WaiterInfo]
+    term_us: int | None
+    """How long paths handed to the oldest last until it takes them up
+    (microseconds); ``None``: it does not take them (queued by a pathlock
+    older than revision 0006)."""
 
 
 @dataclass
@@ -210,6 +234,17 @@ def _deadlock(
     return Deadlocked(party, tuple(info for info in blockers if info.owner.identity == party_owner))
 
 
+def _well_formed(paths: Sequence[PathMode]) -> bool:
+    """Whether a queue row's paths are a request pathlock could have made (a
+    row written by hand may hold anything): only those are handed over."""
+    try:
+        return bool(paths) and all(
+            normalize(path) == path and mode in ("exclusive", "shared") for path, mode in paths
+        )
+    except PathLockError:
+        return False
+
+
 class Store:
     """The SQL operations of grants, the queue, releases and renewals, run
     through ``transactions`` (its nodes, retries and sentinel write).
@@ -228,6 +263,12 @@ class Store:
         self.router = transactions.router
         self.dialect = transactions.dialect
         self.home = transactions.home
+
+    @property
+    def hands_over(self) -> bool:
+        """Whether releases may grant their paths to the head of the queue
+        (see :meth:`release`): where a batch may carry its COMMIT."""
+        return self.dialect.batches and batch.may_commit(self.router.nodes[0].engine.dialect)
 
     # -- operations -----------------------------------------------------------
 
@@ -319,13 +360,8 @@ class Store:
         customer = request.customer_id
         parameters = self._grant_parameters(request, ticket)
         parameters.update(self._tx.claim_parameters(customer))
-        # Until when this attempt waits for the reply (its socket timeout).
-        waits = self.settings.socket_timeout
-        limit = deadlines.current()
-        if limit is not None:
-            waits = min(waits, max(limit.ends - time.monotonic(), 0.0))
         steps: list[tuple[Any, dict[str, Any]]] = [
-            (SET_GRANT_UNTIL, {"until_us": int(waits * 1_000_000)}),
+            (SET_GRANT_UNTIL, self._until()),
             (LOCK_SENTINEL, {"c_id": customer}),
             (
                 grant_statement(shape(request.paths), queued=True, sentinel_after=True),
@@ -355,6 +391,15 @@ class Store:
                 ),
             )
         return Granted(int(claimed.lastrowid))
+
+    def _until(self) -> dict[str, Any]:
+        """The parameters of ``SET_GRANT_UNTIL``: until when this transaction's
+        client waits for the reply (its socket timeout, or the current limit)."""
+        waits = self.settings.socket_timeout
+        limit = deadlines.current()
+        if limit is not None:
+            waits = min(waits, max(limit.ends - time.monotonic(), 0.0))
+        return {"until_us": int(waits * 1_000_000)}
 
     def _grant_batched(
         self,
@@ -432,6 +477,12 @@ class Store:
         # and more).
         if picture is None:
             picture = _Picture.read(connection, request, ticket, parameters)
+        handed = [info for info in picture.blockers if info.lease_id == request.lease_id]
+        if handed:
+            # A release granted these rows to this request (hand_over()): its
+            # queue row is gone, and they are taken up here, under the
+            # sentinel row this transaction holds.
+            return self._taken_up(connection, request, handed[0].fencing_token)
         if picture.blockers:
             deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
             if deadlock is not None:
@@ -455,6 +506,30 @@ class Store:
         else:
             connection.rollback()  # the version bump goes with it
         return Blocked(blockers, ahead, ticket, token - 1)
+
+    def _taken_up(self, connection: Connection, request: GrantRequest, token: int) -> Granted:
+        """Take up the rows a release handed to ``request`` (in a transaction
+        that holds the customer's sentinel row), and commit."""
+        (taken,) = self._commit(connection, [(TAKE_UP, self._take_up_parameters(request))])
+        if taken.rowcount != len(request.paths):
+            # Part of them deleted by hand (the rest are extended, and
+            # committed): the caller leaves them in doubt, to be deleted by
+            # their lease id.
+            raise BackendError(
+                "acquiring locks",
+                RuntimeError(
+                    f"{taken.rowcount} of the {len(request.paths)} rows handed over found"
+                ),
+            )
+        return Granted(token)
+
+    @staticmethod
+    def _take_up_parameters(request: GrantRequest) -> dict[str, Any]:
+        return {
+            "c_id": request.customer_id,
+            "l_id": request.lease_id,
+            "ttl_us": round(request.ttl * 1_000_000),
+        }
 
     @classmethod
     def _insert(
@@ -519,8 +594,13 @@ class Store:
 
         def attempt(connection: Connection, _number: int) -> Outlook:
             picture = _Picture.read(connection, request, ticket, parameters, end=True)
+            if any(info.lease_id == request.lease_id for info in picture.blockers):
+                # Handed over by a release: the attempt takes them up.
+                return Outlook(free=True, next_in_line=True)
             return Outlook(
-                free=not picture.blockers and not picture.ahead, next_in_line=not picture.ahead
+                free=not picture.blockers and not picture.ahead,
+                next_in_line=not picture.ahead,
+                ahead=tuple(info.ticket for info in picture.ahead),
             )
 
         return self._tx.run(
@@ -534,14 +614,16 @@ class Store:
     def leave_queue(
         self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
     ) -> None:
-        """Remove a request that gives up (timeout, error) from the queue. The
-        sentinel write moves the version, so the requests queued behind it
-        try again at once instead of at their next recheck."""
+        """Remove a request that gives up (timeout, error) from the queue, and
+        the rows a release may have just handed to it. The sentinel write
+        moves the version, so the requests queued behind it try again at once
+        instead of at their next recheck."""
 
         def attempt(connection: Connection, _number: int) -> None:
             self._tx.bump(connection, customer_id)
             parameters = {"c_id": customer_id, "l_id": lease_id, "w_ticket": ticket}
             connection.execute(DEQUEUE, parameters)
+            connection.execute(RELEASE, {"c_id": customer_id, "l_id": lease_id})
             connection.commit()
 
         self._tx.run("leaving the queue", attempt, customer_id=customer_id, deadline=deadline)
@@ -566,22 +648,52 @@ class Store:
             "keeping a queued request alive", attempt, customer_id=customer_id, deadline=deadline
         )
 
-    def version(self, customer_id: int, *, deadline: float | None = None) -> int:
+    def watch(
+        self,
+        customer_id: int,
+        lease_id: str | None = None,
+        ahead: Sequence[int] = (),
+        *,
+        deadline: float | None = None,
+    ) -> Watched:
         """The customer's sentinel version, by a plain read: it moves on every
-        grant, release and give-up, so a waiter that sees the same
-        value as at its last attempt has nothing to try again for."""
+        grant and give-up, and on every release that did not hand its paths
+        over, so a waiter that sees the same value as at its last attempt has
+        nothing to try again for. With a queued request's ``lease_id`` (where
+        releases hand over: see :meth:`release`), also the fencing token of
+        the rows a release handed to it, if any, and how many of the tickets
+        ``ahead`` are still queued."""
 
-        def attempt(connection: Connection, _number: int) -> int:
-            parameters = {"c_id": customer_id}
+        def attempt(connection: Connection, _number: int) -> Watched:
+            parameters: dict[str, Any] = {"c_id": customer_id}
+            row: Any
+            looked = False
             if batch.commits_in_batches(connection):
                 # The read and its ROLLBACK in one round trip: every waiter
-                # polls this.
-                (read,) = batch.run(connection, [(VERSION, parameters)], rollback=True)
-                value = read.rows[0][0] if read.rows else None
+                # polls this. Releases over such connections hand over.
+                statement: Any = VERSION
+                looked = lease_id is not None
+                if lease_id is not None:
+                    parameters["l_id"] = lease_id
+                    statement = WATCH
+                    if ahead:
+                        parameters["ahead"] = list(ahead)
+                        statement = WATCH_AHEAD
+                (read,) = batch.run(connection, [(statement, parameters)], rollback=True)
+                row = read.rows[0] if read.rows else None
             else:
-                value = connection.execute(VERSION, parameters).scalar()
+                row = connection.execute(VERSION, parameters).first()
                 connection.rollback()
-            return 0 if value is None else int(value)
+            if row is None:
+                return Watched(0, looked=looked)
+            handed, handed_us, left = (*row[1:], None, None, None)[:3]
+            return Watched(
+                int(row[0]),
+                None if handed is None else int(handed),
+                None if left is None else int(left),
+                looked,
+                0.0 if handed_us is None else int(handed_us) / 1_000_000,
+            )
 
         return self._tx.run(
             "watching the queue",
@@ -590,6 +702,39 @@ class Store:
             customer_id=customer_id,
             deadline=deadline,
         )
+
+    def take_up(self, request: GrantRequest, *, deadline: float | None = None) -> bool:
+        """Take up the rows a release handed to ``request`` (see
+        :meth:`release`): extend them to the request's ttl, under the
+        customer's sentinel row, as a renewal does. ``False`` if they
+        expired (or were deleted) before that: the request is no longer
+        queued, and must queue again."""
+        parameters = self._take_up_parameters(request)
+        locked = {"c_id": request.customer_id}
+
+        def attempt(connection: Connection, _number: int) -> int:
+            if batch.commits_in_batches(connection):
+                _, taken = batch.run(
+                    connection, [(LOCK_SENTINEL, locked), (TAKE_UP, parameters)], commit=True
+                )
+                return taken.rowcount
+            connection.execute(LOCK_SENTINEL, locked)
+            rowcount: int = connection.execute(TAKE_UP, parameters).rowcount
+            connection.commit()
+            return rowcount
+
+        taken = self._tx.run(
+            "taking up locks handed over",
+            attempt,
+            customer_id=request.customer_id,
+            deadline=deadline,
+        )
+        if taken == len(request.paths):
+            return True
+        if taken:
+            # Part of them deleted by hand: the rest go too.
+            self.forget(request.customer_id, request.lease_id)
+        return False
 
     def lease_alive(self, customer_id: int, lease_id: str, rows: int) -> bool:
         """Whether all ``rows`` rows of the lease exist and have not expired,
@@ -606,19 +751,120 @@ class Store:
         )
 
     def release(
-        self, customer_id: int, lease_id: str, *, deadline: float | None = None
+        self,
+        customer_id: int,
+        lease_id: str,
+        *,
+        paths: Sequence[PathMode] | None = None,
+        deadline: float | None = None,
     ) -> int | None:
         """Delete the rows of one lease; return how many there were, or
         ``None`` when a retry found none: then an earlier attempt may have
-        deleted them (its COMMIT landed, its reply was lost)."""
+        deleted them (its COMMIT landed, its reply was lost).
+
+        Where a batch carries its COMMIT (one MySQL or MariaDB server), the
+        release also reads the head of the customer's queue and, if that
+        request waited for the released ``paths`` (``None``: it may have),
+        grants it in a transaction of its own (:meth:`_hand_over`): the next
+        in line learns it at its next check, without an attempt of its own.
+        Elsewhere a release moves the customer's version, and the waiters try
+        for themselves."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
 
-        def attempt(connection: Connection, number: int) -> int | None:
-            deleted = self._release_once(connection, customer_id, parameters)
-            return None if deleted == 0 and number > 1 else deleted
+        def attempt(connection: Connection, number: int) -> tuple[int | None, _Queue | None]:
+            deleted, queue = self._release_once(connection, customer_id, parameters, number)
+            return (None if deleted == 0 and number > 1 else deleted), queue
 
-        return self._tx.run(
+        deleted, queue = self._tx.run(
             "releasing a lease", attempt, customer_id=customer_id, deadline=deadline
+        )
+        if queue is not None:
+            self._hand_over(customer_id, paths, queue, deadline)
+        return deleted
+
+    def _hand_over(
+        self,
+        customer_id: int,
+        released: Sequence[PathMode] | None,
+        queue: _Queue,
+        deadline: float | None,
+    ) -> None:
+        """After a release of ``released`` (``None``: unknown) that left the
+        customer's version as ``queue.version``: grant the head of the queue if
+        it waited for those paths, in one round trip; if that was not
+        possible, move the version so that those who waited for them try for
+        themselves. The rows granted expire after the term the head's queue
+        row records (the shorter of its ttl and its waiter ttl), so a waiter
+        that died meanwhile holds them no longer than its queue row would
+        have blocked them; the waiter takes them up (:meth:`take_up`, or its
+        first renewal). A failure here is logged: the waiters find the paths
+        free at their next recheck."""
+        waiters = queue.waiters
+        if released is not None and len(waiters) < HAND_OVER_WAITERS:
+            waiters = [info for info in waiters if requests_conflict(info.paths, released)]
+            if not waiters:
+                return  # nobody waited for these paths
+        head = queue.waiters[0]
+        term_us = queue.term_us
+        give = (
+            term_us is not None and term_us > 0 and waiters[0] is head and _well_formed(head.paths)
+        )
+
+        def attempt(connection: Connection, number: int) -> None:
+            if give and term_us and number == 1 and batch.commits_in_batches(connection):
+                self._grant_head(connection, customer_id, head, term_us, queue.version)
+            else:
+                self._tx.bump(connection, customer_id)
+                connection.commit()
+
+        try:
+            self._tx.run("handing locks over", attempt, customer_id=customer_id, deadline=deadline)
+        except PathLockError as error:
+            log.warning(
+                "could not hand customer %d's released locks to the queue: %s;"
+                " its requests find them free within %g s",
+                customer_id,
+                error,
+                self.settings.recheck,
+            )
+
+    def _grant_head(
+        self,
+        connection: Connection,
+        customer_id: int,
+        head: WaiterInfo,
+        term_us: int,
+        seen: int,
+    ) -> None:
+        """Grant ``head``'s request for ``term_us`` microseconds, in one round
+        trip, if nothing is in its way and it is still the oldest live
+        request; then move the version from ``seen`` unless the grant did."""
+        request = GrantRequest(
+            customer_id=customer_id,
+            lease_id=head.lease_id,
+            paths=head.paths,
+            owner=head.owner,
+            reason=head.reason,
+            ttl=term_us / 1_000_000,
+        )
+        parameters = self._grant_parameters(request, head.ticket)
+        claim = self._tx.claim_parameters(customer_id)
+        parameters.update(claim)
+        statement = grant_statement(
+            shape(request.paths), queued=True, sentinel_after=True, handed=True
+        )
+        ticket = {"c_id": customer_id, "l_id": head.lease_id, "w_ticket": head.ticket}
+        batch.run(
+            connection,
+            [
+                (SET_GRANT_UNTIL, self._until()),
+                (LOCK_SENTINEL, {"c_id": customer_id}),
+                (statement, parameters),
+                (CLAIM_IF_GRANTED, claim),
+                (DEQUEUE_IF_GRANTED, ticket),
+                (BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}),
+            ],
+            commit=True,
         )
 
     def forget(self, customer_id: int, lease_id: str) -> int:
@@ -637,8 +883,38 @@ class Store:
         return self._tx.run("releasing a lease left in doubt", attempt, customer_id=customer_id)
 
     def _release_once(
-        self, connection: Connection, customer_id: int, parameters: dict[str, Any]
-    ) -> int:
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any], number: int
+    ) -> tuple[int, _Queue | None]:
+        if number == 1 and batch.commits_in_batches(connection):
+            # One round trip: the sentinel row locked (not written), the rows
+            # deleted, the version and the head of the queue read, COMMIT.
+            # The version moves when the released paths are handed over, or
+            # when nobody can be (see _hand_over()): a waiter does not
+            # attempt at the release, only to find the paths given away.
+            _locked, deleted, read, queued = batch.run(
+                connection,
+                [
+                    (LOCK_SENTINEL, {"c_id": customer_id}),
+                    (RELEASE, parameters),
+                    (VERSION, {"c_id": customer_id}),
+                    (QUEUE_HEAD, {"c_id": customer_id}),
+                ],
+                commit=True,
+            )
+            if not read.rows:
+                # Rows without a sentinel row (an operator deleted it): the
+                # deletion is committed; make the row, so waiters see a new
+                # version.
+                self._tx.bump(connection, customer_id)
+                connection.commit()
+                return deleted.rowcount, None
+            if not deleted.rowcount or not queued.rows:
+                return deleted.rowcount, None
+            waiters = [waiter_info(row) for row in queued.rows]
+            term = queued.rows[0].hand_over_us
+            return deleted.rowcount, _Queue(
+                int(read.rows[0][0]), waiters, None if term is None else int(term)
+            )
         if self.dialect.can_batch(connection):
             # The COMMIT too, where it can: a release in one round trip.
             commit = batch.commits_in_batches(connection)
@@ -650,19 +926,17 @@ class Store:
             if bumped.rowcount:
                 if not commit:
                     connection.commit()
-                return deleted.rowcount
+                return deleted.rowcount, None
             if commit:
-                # Rows without a sentinel row (an operator deleted it): the
-                # deletion is committed; make the row, so waiters see a new
-                # version.
+                # As above: the deletion is committed, the row is made.
                 self._tx.bump(connection, customer_id)
                 connection.commit()
-                return deleted.rowcount
+                return deleted.rowcount, None
             connection.rollback()  # no sentinel row yet: the usual way creates it
         self._tx.bump(connection, customer_id)
         deleted_rows: int = connection.execute(RELEASE, parameters).rowcount
         connection.commit()
-        return deleted_rows
+        return deleted_rows, None
 
     def release_owner(self, customer_id: int, owner: Owner) -> int:
         """Delete every row ``owner`` holds for ``customer_id``."""

@@ -81,6 +81,7 @@ class Lease:
         reason: str,
         ttl: float,
         attempt_started: float,
+        first_term: float | None = None,
         on_lost: tuple[LostCallback, ...] = (),
         emitter: events.Emitter = events.SILENT,
     ) -> None:
@@ -115,15 +116,22 @@ class Lease:
         # has nothing more to do.
         self._settled = False
         self._lost_reason: str | None = None
-        self._extend(attempt_started)
+        self._extend(attempt_started, first_term)
 
-    def _extend(self, started: float) -> None:
+    def _extend(self, started: float, term: float | None = None) -> None:
         """The database set the expiry from a moment after ``started`` (a
         :func:`pathlock.clock.now` time taken before the statement), so this
-        client-side deadline is never later than the real one."""
-        self._deadline = started + self.ttl
-        self.renew_due = started + self.ttl / 3
-        self.lost_at = self._deadline - self.margin
+        client-side deadline is never later than the real one. ``term``: how
+        long the rows last from ``started``, if not the ttl (paths a release
+        handed over, until their first renewal takes them up)."""
+        if term is None:
+            term, margin = self.ttl, self.margin
+        else:
+            timing = self._keeper.settings
+            margin = min(term * timing.lease_margin, timing.max_lease_margin)
+        self._deadline = started + term
+        self.renew_due = started + term / 3
+        self.lost_at = self._deadline - margin
         """Time (:func:`pathlock.clock.now`) from which, unless renewed, the
         lease counts as lost."""
 

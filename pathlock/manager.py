@@ -798,12 +798,13 @@ class PathLockManager:
                     closed=lambda: self._closed,
                     cancel=event,
                     left_behind=self._leave_later,
+                    take_up_later=self._renews,
                 )
                 if granted is None:
                     self._events.timed_out(self._denied(request, called))
                     return None
-                token, started = granted
-                lease = self._register(request, token, started, callbacks)
+                token, started, term = granted
+                lease = self._register(request, token, started, callbacks, term)
                 # In the try: an interrupt in a hook must not leave the lease
                 # registered and unknown to the caller.
                 self._events.granted(
@@ -1005,6 +1006,7 @@ class PathLockManager:
         token: int,
         started: float,
         on_lost: tuple[LostCallback, ...],
+        term: float | None = None,
     ) -> Lease:
         lease = Lease(
             self._keeper,
@@ -1016,6 +1018,7 @@ class PathLockManager:
             reason=request.reason,
             ttl=request.ttl,
             attempt_started=started,
+            first_term=term,
             on_lost=(*on_lost, *self._on_lost),
             emitter=self._events,
         )
@@ -1040,7 +1043,7 @@ class PathLockManager:
             with self._leases_lock:
                 self._leases.pop(lease.lease_id, None)
             try:
-                return self._store.release(lease.customer_id, lease.lease_id)
+                return self._store.release(lease.customer_id, lease.lease_id, paths=lease.paths)
             except BackendError:
                 # Its rows stay until they expire. A request of the same owner
                 # that they block waits for that instead of failing as a

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # read from that directory when pathlock is imported: on a server the library
 # never loads its migrations (a DBA runs them), so it runs today where they
 # are not files it could read (a zip, a frozen application, .pyc only).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 REVISION = REVISIONS[-1]
@@ -155,6 +155,10 @@ path_lock_waiters = Table(
     # others once it lapses.
     Column("expires_at", _Timestamp, nullable=False),
     _owner_key(),
+    # How long paths a release grants the request last until it takes them up
+    # (microseconds; revision 0006). NULL on rows of older versions, which do
+    # not take paths handed over: releases leave them to try for themselves.
+    Column("hand_over_us", BigInteger, nullable=True),
     Index(None, "customer_id", "ticket"),
     Index(None, "lease_id"),
     Index(None, "expires_at"),

@@ -62,6 +62,13 @@ class Settings:
     """Time between attempts of a waiter whose version watch sees nothing:
     it notices a conflicting lock that expired without a release."""
 
+    hand_over_check: float = 0.001
+    """Time between the checks of the next request in line for paths a
+    release handed to it (on one MySQL or MariaDB server, where releases grant
+    their paths to the head of the queue): it notices within about this long,
+    at the cost of a primary-key read each time. The others in line check as
+    the wait policy says."""
+
     waiter_ttl: float = 5.0
     """How long a queued request's row lives without a refresh (a waiter
     refreshes it three times as often): a waiter that died stops blocking the

@@ -277,7 +277,8 @@ def _uncontended_meaning(
         f"{client['naive']} and {server['naive']}. Where the floor updates one row per "
         "commit, the acquire of either algorithm also locks the customer's row, checks for "
         "conflicting locks and inserts the lock's row, and its release deletes that row "
-        "(pathlock's release also updates the customer's row)."
+        "(pathlock's release also locks the customer's row and reads its queue, to hand the "
+        "path to whoever waits)."
     )
 
 

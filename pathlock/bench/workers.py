@@ -202,11 +202,11 @@ def hand_off(
     role: Literal["holder", "waiter"],
     acquire_at: float,
     release_at: float,
-) -> tuple[float, float]:
+) -> tuple[float, ...]:
     """One round of the hand-off. The holder acquires at ``acquire_at`` and
-    releases at ``release_at``: it returns (granted, release returned). The
-    waiter requests at ``acquire_at`` and releases at once when granted: it
-    returns (requested, granted)."""
+    releases at ``release_at``: it returns (granted, release called, release
+    returned). The waiter requests at ``acquire_at`` and releases at once
+    when granted: it returns (requested, granted)."""
     locker = context.locker(algorithm, customer_id)
     _sleep_until(acquire_at)
     started = time.monotonic()
@@ -216,5 +216,6 @@ def hand_off(
         raise BenchError(f"{path} not granted within {STUCK:g} s")
     if role == "holder":
         _sleep_until(release_at)
+    called = time.monotonic()
     locker.release(held)
-    return (granted, time.monotonic()) if role == "holder" else (started, granted)
+    return (granted, called, time.monotonic()) if role == "holder" else (started, granted)

@@ -139,7 +139,7 @@ examples:
   pathlock db check || pathlock db upgrade
   pathlock db upgrade --database-url mysql+pymysql://admin@db-host/app
   pathlock db upgrade --sql --dialect mariadb > pathlock.sql
-  pathlock db stamp 0005                  # tables made by hand: record their revision
+  pathlock db stamp 0006                  # tables made by hand: record their revision
   pathlock db downgrade 0004
 
 {notes}

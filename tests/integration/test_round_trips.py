@@ -148,7 +148,9 @@ def test_an_uncontended_acquire_and_release_are_two_round_trips(
 ) -> None:
     """Each with its COMMIT: the acquire locks the sentinel row (an UPDATE
     that changes nothing), grants, and writes the sentinel (only because it
-    granted); the release writes the sentinel and deletes."""
+    granted); the release locks the sentinel row too, deletes, and reads the
+    version and the head of the queue (empty: nothing to hand over, and the
+    version does not move)."""
     with PathLockManager(mariadb_url, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/warm").release()  # the sentinel row exists
@@ -157,9 +159,9 @@ def test_an_uncontended_acquire_and_release_are_two_round_trips(
             lease.release()
         assert [_statements(command) for command in commands] == [
             ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
-            ["UPDATE", "DELETE", "COMMIT"],
+            ["UPDATE", "DELETE", "SELECT", "SELECT", "COMMIT"],
         ], commands
-        assert lease.fencing_token == _version(manager, customer_id) - 1
+        assert lease.fencing_token == _version(manager, customer_id)
 
 
 def test_a_denied_attempt_commits_no_write(
@@ -256,10 +258,11 @@ def test_a_denied_request_is_queued_in_three_round_trips(
 def test_a_waiters_checks_are_one_round_trip_each(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While it waits, a request reads the customer's version, and judges its
-    place when the version moved: each read ends with its ROLLBACK in the
-    same round trip. Once the path is free, the grant removes the queue row
-    and commits in one round trip after the attempt."""
+    """While it waits, a request reads the customer's version (and looks for
+    paths handed to it), and judges its place once the request ahead of it
+    has left the queue: each read ends with its ROLLBACK in the same round
+    trip. A release hands the path to the first in line in one round trip
+    after its own; each takes it up in one more."""
     by_thread: dict[str, list[str]] = {"first": [], "second": []}
     send = pymysql.connections.Connection._execute_command
 
@@ -277,8 +280,8 @@ def test_a_waiters_checks_are_one_round_trip_each(
     ):
         holding = holder.for_customer(customer_id)
         lease = holding.lock_paths("/a")
-        # A sibling's release moves the version while both still wait: the
-        # first in line attempts again, the second judges its place.
+        # A sibling's release concerns neither waiter: it hands nothing over
+        # and does not move the version.
         sibling = holding.lock_paths("/b")
         waiting = []
         for name, manager in (("first", first), ("second", second)):
@@ -289,27 +292,42 @@ def test_a_waiters_checks_are_one_round_trip_each(
             waiting.append(threading.Thread(target=wait, name=name))
             waiting[-1].start()
             time.sleep(0.2)
+        version = _version(holder, customer_id)
         sibling.release()
+        assert _version(holder, customer_id) == version
         time.sleep(0.3)
         lease.release()
         for thread in waiting:
             thread.join()
 
-    second_sent = [_statements(command) for command in by_thread["second"]]
-    # The grant in one round trip (denied), the attempt with who is in the
-    # way, the queue row; then checks until the first in line has released; then
-    # the grant in one round trip, its queue row removed with it; the release.
-    assert second_sent[:3] == [
-        ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
-        ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"],
-        ["INSERT", "UPDATE", "COMMIT"],
-    ], second_sent
-    checks = second_sent[3:-2]
-    assert set(map(tuple, checks)) == {
-        ("SELECT", "ROLLBACK"),  # the version
+    queued = [
+        ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the grant in one round trip, denied
+        ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"],  # the attempt, with who is in the way
+        ["INSERT", "UPDATE", "COMMIT"],  # the queue row
+    ]
+    checks = {
+        ("SELECT", "ROLLBACK"),  # the version, and anything handed over
         ("SELECT", "SELECT", "SELECT", "ROLLBACK"),  # the place: locks, queue, own locks
-    }, second_sent
-    assert second_sent[-2:] == [
-        ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"],
-        ["UPDATE", "DELETE", "COMMIT"],
-    ], second_sent
+    }
+    taken_up = ["UPDATE", "UPDATE", "COMMIT"]  # the sentinel row locked, the rows extended
+    # A check that lands between the release and its hand-over finds the path
+    # free: the waiter attempts, and its grant in one round trip either takes
+    # the path first or is denied, by the rows handed to it, which the attempt
+    # after it takes up.
+    granted = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"]
+    attempt = ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"]
+    raced = {tuple(granted), ("SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"), tuple(attempt)}
+    released = ["UPDATE", "DELETE", "SELECT", "SELECT", "COMMIT"]
+    handed_over = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"]
+    first_sent = [_statements(command) for command in by_thread["first"]]
+    assert first_sent[:3] == queued, first_sent
+    assert set(map(tuple, first_sent[3:-3])) <= checks | raced, first_sent
+    assert first_sent[-3] in (taken_up, granted, ["UPDATE", "COMMIT"]), first_sent
+    assert first_sent[-2:] == [released, handed_over], first_sent
+    second_sent = [_statements(command) for command in by_thread["second"]]
+    assert second_sent[:3] == queued, second_sent
+    assert set(map(tuple, second_sent[3:-2])) <= checks | raced, second_sent
+    assert ("SELECT", "ROLLBACK") in map(tuple, second_sent[3:-2]), second_sent
+    # The last in line: nobody to hand over to.
+    assert second_sent[-2] in (taken_up, granted, ["UPDATE", "COMMIT"]), second_sent
+    assert second_sent[-1] == released, second_sent

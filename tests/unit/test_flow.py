@@ -30,8 +30,9 @@ from pathlock._flow import (
     Sleep,
     Step,
     Stop,
+    TakeUp,
 )
-from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook
+from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook, Watched
 from pathlock.types import LockInfo, Owner, WaiterInfo
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -96,12 +97,18 @@ class Run:
         blocking: bool = True,
         wait_limit: float | None = 10.0,
         settings: Settings | None = None,
+        handed_over: bool = False,
     ) -> None:
         self.clock = StillClock()
         self.delays = Fixed()
         self.settings = Settings(clock=self.clock) if settings is None else settings
         self.flow = AcquireFlow(
-            REQUEST, self.settings, self.delays, blocking=blocking, wait_limit=wait_limit
+            REQUEST,
+            self.settings,
+            self.delays,
+            blocking=blocking,
+            wait_limit=wait_limit,
+            handed_over=handed_over,
         )
         self.steps: Generator[Step, Any, Result] = self.flow.steps()
         self.step: Step = next(self.steps)
@@ -126,7 +133,7 @@ def test_an_uncontended_grant_is_one_attempt() -> None:
     assert run.step == Stop()
     attempt = run.reply(None)
     assert attempt == Attempt(None, queue=True, patience=1010.0, deadline=1010.0)
-    assert run.finish(Granted(42)) == (42, 6000.0)  # the token, and the lease clock's time
+    assert run.finish(Granted(42)) == (42, 6000.0, None)  # token, lease clock, ttl
     assert run.flow.leave() is None
     assert run.flow.limit == 1010.0 + run.settings.grace
 
@@ -159,15 +166,15 @@ def test_a_queued_request_attempts_again_when_the_version_moves_and_it_is_next()
     assert isinstance(run.reply(False), ReadVersion)
     # Unchanged: sleep on, idle at most until the queue row is due for a refresh.
     idle = 1000.0 + run.settings.waiter_refresh - run.clock.time
-    assert run.reply(1) == Sleep(pytest.approx(0.01), pytest.approx(idle))
+    assert run.reply(Watched(1)) == Sleep(pytest.approx(0.01), pytest.approx(idle))
     run.clock.time += 0.01
     run.reply(False)
     run.reply(False)
     # The version moved and nothing is ahead: straight to the attempt.
-    assert run.reply(2) == Stop()
+    assert run.reply(Watched(2)) == Stop()
     assert run.reply(None) == Attempt(5, queue=True, patience=1010.0, deadline=1010.0)
     assert run.delays.resets == 1
-    assert run.finish(Granted(43)) == (43, 6000.02)
+    assert run.finish(Granted(43)) == (43, 6000.02, None)
     assert run.flow.leave() is None  # the grant took the queue row
 
 
@@ -179,14 +186,14 @@ def test_a_request_behind_others_judges_before_it_attempts() -> None:
     run.clock.time += 0.01
     run.reply(False)  # Behind
     run.reply(False)  # ReadVersion
-    judge = run.reply(2)
+    judge = run.reply(Watched(2))
     assert judge == Judge(9, 1010.0)
     # Not free yet, but next in line now: the next move goes straight to an attempt.
     assert isinstance(run.reply(Outlook(free=False, next_in_line=True)), Sleep)
     run.clock.time += 0.01
     run.reply(False)
     run.reply(False)
-    assert run.reply(3) == Stop()
+    assert run.reply(Watched(3)) == Stop()
 
 
 def test_a_request_behind_a_waiter_of_this_process_does_not_poll() -> None:
@@ -207,6 +214,137 @@ def test_a_release_in_this_process_wakes_the_request_at_once() -> None:
     assert run.reply(True) == Stop()  # the Sleep was cut short by a release
 
 
+def test_paths_a_release_handed_over_are_taken_up_without_an_attempt() -> None:
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)  # Behind
+    assert run.reply(False) == ReadVersion(1010.0, handed=True)
+    assert isinstance(run.reply(Watched(1, looked=True)), Sleep)  # not yet
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    # A release granted the paths to this request (token 44): taken up, no attempt.
+    assert run.reply(Watched(2, 44, looked=True)) == TakeUp(1010.0)
+    assert run.finish(True) == (44, 6000.02, None)
+    assert run.flow.leave() is None  # the hand-over took the queue row
+
+
+def test_handed_over_paths_may_be_taken_up_by_the_first_renewal() -> None:
+    """Where the manager renews its leases, the paths are not extended at
+    once: the lease lasts as long as the handed rows, counted from before the
+    check that found them, until its first renewal."""
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    checked_at = run.clock.now()
+    run.reply(False)
+    run.reply(False)
+    assert run.reply(Watched(2, 44, looked=True, handed_for=4.5)) == TakeUp(1010.0, later=True)
+    run.clock.time += 0.01
+    assert run.finish(None) == (44, checked_at, 4.5)
+    assert run.flow.leave() is None
+
+
+def test_handed_over_paths_that_lapsed_before_they_were_taken_up_queue_again() -> None:
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert run.reply(Watched(2, 44, looked=True)) == TakeUp(1010.0)
+    assert run.reply(False) == Place(None, (), new=False)
+    assert run.flow.ticket is None
+    assert run.reply() == Stop()
+    assert run.reply(None) == Attempt(None, queue=True, patience=1010.0, deadline=1010.0)
+
+
+def test_a_release_in_this_process_may_have_handed_its_paths_over() -> None:
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    # Woken by a release here: unless the manager closed (or the request
+    # was cancelled), a look for paths handed over.
+    assert run.reply(True) == Stop()
+    assert run.reply(None) == ReadVersion(1010.0, handed=True)
+    assert run.reply(Watched(2, 45, looked=True)) == TakeUp(1010.0)
+    assert run.finish(True) == (45, 6000.0, None)
+    # Not handed to this one: an attempt, as without hand-overs.
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.reply(True)
+    run.reply(None)
+    assert run.reply(Watched(2, looked=True)) == Stop()
+    # Woken by the manager's close: no read, the error.
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    assert run.reply(True) == Stop()
+    with pytest.raises(ManagerClosed):
+        run.reply(ManagerClosed("lock paths"))
+    assert run.flow.leave() == 5
+
+
+def test_a_request_behind_others_judges_once_they_have_left() -> None:
+    """Where releases hand paths over, a move of the version while older
+    requests that go first are still queued is theirs: no judging then. Once
+    they have all left, the request judges its place (it is likely next)."""
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4), waiter(6))))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(4, 6))
+    # Moved, but both still queued: sleep on.
+    assert isinstance(run.reply(Watched(2, None, 2, looked=True)), Sleep)
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert isinstance(run.reply(Watched(3, None, 1, looked=True)), Sleep)
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    # Both gone, the version unmoved: judged all the same.
+    assert run.reply(Watched(3, None, 0, looked=True)) == Judge(9, 1010.0)
+    sleep = run.reply(Outlook(free=False, next_in_line=True))
+    assert isinstance(sleep, Sleep)
+    # Next in line: checks come every hand_over_check, without the policy's gaps.
+    assert sleep.seconds == pytest.approx(run.settings.hand_over_check)
+    run.clock.time += 0.001
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=())
+
+
+def test_a_database_whose_releases_do_not_hand_over_is_checked_as_before() -> None:
+    """A check that could not look for paths handed over (a Galera node's
+    connection) turns the looking off: plain version checks from then on,
+    spaced by the wait policy."""
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0, handed=True)
+    sleep = run.reply(Watched(1))
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(0.01)  # the policy's, not hand_over_check
+    run.clock.time += 0.01
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0)
+
+
 def test_the_recheck_judges_even_when_the_version_stands_still() -> None:
     # An expired lock or a dead waiter moves no version.
     run = Run()
@@ -216,7 +354,7 @@ def test_the_recheck_judges_even_when_the_version_stands_still() -> None:
     run.clock.time += run.settings.recheck
     run.reply(False)
     run.reply(False)
-    assert run.reply(1) == Judge(5, 1010.0)
+    assert run.reply(Watched(1)) == Judge(5, 1010.0)
     assert run.reply(Outlook(free=True, next_in_line=True)) == Stop()
 
 
@@ -303,7 +441,7 @@ def test_a_read_cut_short_by_the_deadline_is_followed_by_the_last_attempt(read: 
         assert step == Behind()
         assert run.reply(False) == ReadVersion(1002.0)
         if read == "judge":
-            run.reply(1)  # the version stood still past the recheck
+            run.reply(Watched(1))  # the version stood still past the recheck
         step = run.step
     assert type(step) is {"refresh": Refresh, "version": ReadVersion, "judge": Judge}[read]
     run.clock.time = 1002.0

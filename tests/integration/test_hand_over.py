@@ -1,0 +1,394 @@
+"""A release hands its paths to the first request in line (MariaDB: where a
+batch carries its COMMIT).
+
+The release's own round trip reads the head of the queue; if that request
+waited for the released paths, a second round trip grants them to it, for a
+waiter's ttl, and the waiter takes them up for its own ttl when it notices.
+These tests attack what that adds: a waiter that dies (or stalls) after the
+hand-over, a waiter that gives up as it happens, a hand-over that comes too
+late, a lost COMMIT reply, and requests queued by an older pathlock.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from pathlock import Lease, Owner, PathLockManager, Settings
+from pathlock._records import Blocked, GrantRequest
+from pathlock._store import Store, _Queue
+from pathlock.paths import normalize_request
+from pathlock.types import WaiterInfo
+from tests.integration.commit_faults import CommitFaults
+
+# Short, so the tests that wait for handed paths to lapse are quick.
+WAITER_TTL = 2.0
+SETTINGS = Settings(waiter_ttl=WAITER_TTL)
+
+
+def _rows(manager: PathLockManager, customer_id: int) -> list[Any]:
+    """The customer's lock rows, with their seconds left by the database's clock."""
+    with manager.engine.connect() as connection:
+        return list(
+            connection.execute(
+                text(
+                    "SELECT lease_id, path, fencing_token, owner_key, reason,"
+                    " TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 AS left_s"
+                    " FROM path_locks WHERE customer_id = :c ORDER BY id"
+                ),
+                {"c": customer_id},
+            )
+        )
+
+
+def _version(manager: PathLockManager, customer_id: int) -> int:
+    with manager.engine.connect() as connection:
+        return int(
+            connection.execute(
+                text("SELECT version FROM customer_locks WHERE customer_id = :c"),
+                {"c": customer_id},
+            ).scalar_one()
+        )
+
+
+def _wait_until(condition: Any, seconds: float = 10.0) -> None:
+    ends = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > ends:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+@contextmanager
+def _waiting(
+    manager: PathLockManager, customer_id: int, path: str, **options: Any
+) -> Iterator[dict[str, Any]]:
+    """A thread that requests ``path`` and keeps what came of it."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["lease"] = manager.for_customer(customer_id).lock_paths(path, **options)
+        except BaseException as error:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield outcome
+    finally:
+        thread.join(30)
+
+
+def test_a_release_hands_the_path_to_the_first_in_line(mariadb_url: str, customer_id: int) -> None:
+    """The waiter gets the rows the release wrote for it (with the fencing
+    token of that hand-over), extended to its own ttl, and its queue row is
+    gone; a second waiter stays queued."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False, settings=SETTINGS) as holder,
+        PathLockManager(mariadb_url, heartbeat=False, ttl=60.0) as first,
+        PathLockManager(mariadb_url, heartbeat=False, ttl=60.0) as second,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        attempts: list[object] = []
+        tried = first._store.try_grant
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(args)
+            return tried(*args, **kwargs)
+
+        first._store.try_grant = counted  # type: ignore[method-assign]
+        with _waiting(first, customer_id, "/a/b", timeout=10) as got:
+
+            def waiters() -> list[WaiterInfo]:
+                return holder.list_waiters(customer_id)
+
+            _wait_until(lambda: len(waiters()) == 1)
+            with _waiting(second, customer_id, "/a", timeout=10) as later:
+                _wait_until(lambda: len(waiters()) == 2)
+                lease.release()
+                _wait_until(lambda: "lease" in got or "error" in got)
+                handed: Lease = got["lease"]
+                # Granted by the release: one attempt (the denied one) only.
+                assert len(attempts) == 1
+                assert handed.fencing_token == lease.fencing_token + 1
+                rows = _rows(holder, customer_id)
+                assert [(row.lease_id, row.path) for row in rows] == [(handed.lease_id, "/a/b")]
+                assert rows[0].left_s > 50  # taken up for the waiter's own ttl
+                assert rows[0].owner_key == handed.owner.key
+                assert [info.paths for info in waiters()] == [(("/a", "exclusive"),)]
+                handed.release()
+                _wait_until(lambda: "lease" in later or "error" in later)
+                later["lease"].release()
+        assert _rows(holder, customer_id) == []
+
+
+def test_the_first_renewal_takes_handed_paths_up(mariadb_url: str, customer_id: int) -> None:
+    """Where the manager renews its leases, the waiter returns as soon as it
+    sees the paths handed to it: its lease lasts as long as the handed rows
+    (its waiter ttl from the hand-over, shorter than its ttl) until the
+    heartbeat's first renewal, a third of the way in, extends them to the
+    lease's ttl."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False, settings=SETTINGS) as holder,
+        PathLockManager(mariadb_url, ttl=60.0, settings=SETTINGS) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        with _waiting(waiter, customer_id, "/a", timeout=10) as got:
+            _wait_until(lambda: len(holder.list_waiters(customer_id)) == 1)
+            lease.release()
+            _wait_until(lambda: "lease" in got or "error" in got)
+        handed: Lease = got["lease"]
+        assert handed.expires_in <= WAITER_TTL
+        (row,) = _rows(holder, customer_id)
+        assert row.left_s <= WAITER_TTL
+        _wait_until(lambda: handed.expires_in > 50, 5.0)
+        (row,) = _rows(holder, customer_id)
+        assert row.left_s > 50
+        assert not handed.lost
+        handed.release()
+
+
+def test_a_hand_over_to_a_request_that_left_the_queue_grants_nothing(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The release read the queue; before its hand-over, the head of the
+    queue was granted some other way and released again (or gave up). The
+    hand-over inserts nothing for it: rows of a finished request would block
+    its owner's next request, as a request waiting for itself. The version
+    moves instead, so whoever waits tries for itself."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()
+        lease = locks.lock_paths("/a")
+        with _waiting(manager, customer_id, "/a", timeout=0.3, owner="gone"):
+            _wait_until(lambda: len(manager.list_waiters(customer_id)) == 1)
+            (head,) = manager.list_waiters(customer_id)
+        # The waiter timed out and left: its queue row is gone.
+        assert manager.list_waiters(customer_id) == []
+        lease.release()
+        version = _version(manager, customer_id)
+        store: Store = manager._store
+        store._hand_over(customer_id, None, _Queue(version, [head], 2_000_000), None)
+        assert _rows(manager, customer_id) == []
+        assert _version(manager, customer_id) == version + 1
+        again = locks.lock_paths("/a", owner="gone", timeout=1)
+        again.release()
+
+
+def test_a_request_that_leaves_the_queue_as_it_is_handed_the_paths_leaves_nothing(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """A waiter whose time runs out just as a release hands it the paths:
+    leaving the queue deletes those rows too, so nobody waits a waiter's ttl
+    for them."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a")
+        store: Store = manager._store
+        request = GrantRequest(
+            customer_id,
+            secrets.token_hex(16),
+            normalize_request(["/a"], []),
+            Owner("leaving", 1, "t", "leaving.t1"),
+            "",
+            30.0,
+        )
+        started = time.monotonic()
+        blocked = store.try_grant(request, None, queue=True, patience=started + 5)
+        assert isinstance(blocked, Blocked)
+        assert blocked.ticket is not None
+        store.release(customer_id, lease.lease_id, paths=lease.paths)
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [request.lease_id]
+        store.leave_queue(customer_id, request.lease_id, blocked.ticket)
+        assert _rows(manager, customer_id) == []
+        assert manager.list_waiters(customer_id) == []
+
+
+def test_requests_queued_by_an_older_pathlock_are_not_handed_paths(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """A queue row without ``hand_over_us`` (written by a pathlock older than
+    revision 0006, still running during an upgrade) is left to try for
+    itself: the release moves the version instead."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        handed: list[object] = []
+        take_up = waiter._store.take_up
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            handed.append(args)
+            return take_up(*args, **kwargs)
+
+        waiter._store.take_up = counted  # type: ignore[method-assign]
+        with _waiting(waiter, customer_id, "/a", timeout=10) as got:
+
+            def waiters() -> list[WaiterInfo]:
+                return holder.list_waiters(customer_id)
+
+            _wait_until(lambda: len(waiters()) == 1)
+            with holder.engine.begin() as connection:
+                connection.execute(
+                    text("UPDATE path_lock_waiters SET hand_over_us = NULL WHERE customer_id = :c"),
+                    {"c": customer_id},
+                )
+            version = _version(holder, customer_id)
+            lease.release()
+            assert _version(holder, customer_id) == version + 1
+            _wait_until(lambda: "lease" in got or "error" in got)
+        got["lease"].release()
+        assert handed == []  # it attempted for itself
+
+
+def test_a_hand_over_whose_commit_reply_is_lost_reaches_the_waiter(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hand-over's COMMIT lands and its reply is lost: the release does not
+    fail, and the waiter finds the paths handed to it."""
+    faults = CommitFaults(monkeypatch)
+    grant_head = Store._grant_head
+
+    def lossy(self: Store, *args: Any, **kwargs: Any) -> None:
+        faults.lose_reply()
+        grant_head(self, *args, **kwargs)
+
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        with _waiting(waiter, customer_id, "/a", timeout=10) as got:
+            _wait_until(lambda: len(holder.list_waiters(customer_id)) == 1)
+            monkeypatch.setattr(Store, "_grant_head", lossy)
+            lease.release()
+            monkeypatch.setattr(Store, "_grant_head", grant_head)
+            _wait_until(lambda: "lease" in got or "error" in got, 5.0)
+        granted: Lease = got["lease"]
+        assert lease.released
+        assert granted.fencing_token == lease.fencing_token + 1  # the hand-over's
+        granted.release()
+        assert _rows(holder, customer_id) == []
+
+
+_STOPPED_WAITER = """
+import sys
+from pathlock import PathLockManager, Settings
+url, customer = sys.argv[1], int(sys.argv[2])
+with PathLockManager(url, node_id="doomed", settings=Settings(waiter_ttl={ttl})) as manager:
+    lease = manager.for_customer(customer).lock_paths("/a", timeout=60, reason="doomed")
+    print("granted", flush=True)
+"""
+
+
+def test_a_waiter_killed_after_the_hand_over_holds_the_paths_a_waiters_ttl_at_most(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """A waiting process is frozen (SIGSTOP) with its queue row alive; the
+    holder releases and hands it the path; it is killed (SIGKILL) without
+    ever knowing. Nobody is granted the path while the handed rows live (the
+    waiter might have been about to use them), and the next request gets it
+    once they lapse: a waiter's ttl after the hand-over, not a lease's."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False, settings=SETTINGS) as holder,
+        PathLockManager(mariadb_url, heartbeat=False, ttl=60.0) as other,
+    ):
+        locks = holder.for_customer(customer_id)
+        lease = locks.lock_paths("/a")
+        doomed = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _STOPPED_WAITER.format(ttl=WAITER_TTL),
+                mariadb_url,
+                str(customer_id),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        try:
+            _wait_until(lambda: len(holder.list_waiters(customer_id)) == 1, 60.0)
+            os.kill(doomed.pid, signal.SIGSTOP)
+            lease.release()
+            handed = _rows(holder, customer_id)
+            assert [(row.path, row.reason) for row in handed] == [("/a", "doomed")]
+            assert 0 < handed[0].left_s <= WAITER_TTL
+            os.kill(doomed.pid, signal.SIGKILL)
+        finally:
+            doomed.kill()
+            doomed.wait(30)
+            assert doomed.stdout is not None
+            output = doomed.stdout.read()
+            doomed.stdout.close()
+        assert output == ""  # it never heard of its grant
+        requested = time.monotonic()
+        after = other.for_customer(customer_id).lock_paths("/a", timeout=30)
+        waited = time.monotonic() - requested
+        # Not before the handed rows lapsed; soon after (its recheck).
+        assert handed[0].left_s - 0.1 <= waited <= handed[0].left_s + 2.0, (waited, handed)
+        assert after.fencing_token > handed[0].fencing_token
+        after.release()
+        # The handed rows lapsed (the reaper deletes them); nothing else is left.
+        assert [row.left_s <= 0 for row in _rows(holder, customer_id)] == [True]
+
+
+def test_the_head_of_a_queue_of_an_unrelated_path_is_left_alone(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """A release of /b hands nothing to a request waiting for /a, and does
+    not move the version: nobody waiting has anything new to try."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        first = locks.lock_paths("/a")
+        sibling = locks.lock_paths("/b")
+        with _waiting(manager, customer_id, "/a", timeout=10, owner="waiter") as got:
+            _wait_until(lambda: len(manager.list_waiters(customer_id)) == 1)
+            version = _version(manager, customer_id)
+            sibling.release()
+            assert _version(manager, customer_id) == version
+            assert [row.path for row in _rows(manager, customer_id)] == ["/a"]
+            first.release()
+            _wait_until(lambda: "lease" in got or "error" in got)
+        got["lease"].release()
+
+
+def test_a_queue_row_written_by_hand_is_handed_nothing(mariadb_url: str, customer_id: int) -> None:
+    """A queue row whose paths are not a request pathlock could have made (a
+    DBA's INSERT) heads the queue: the release still succeeds, hands it
+    nothing, and moves the version for whoever waits."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a")
+        with manager.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO path_lock_waiters (customer_id, lease_id, paths, node_id, pid,"
+                    " thread, reason, created_at, expires_at, owner_key, hand_over_us)"
+                    " VALUES (:c, 'by-hand', :p, 'dba', 1, 't', '', UTC_TIMESTAMP(6),"
+                    " TIMESTAMPADD(SECOND, 30, UTC_TIMESTAMP(6)), '', 2000000)"
+                ),
+                {"c": customer_id, "p": '[["/a/../b", "exclusive"], ["a", "sideways"]]'},
+            )
+        version = _version(manager, customer_id)
+        lease.release()
+        assert lease.released
+        assert _rows(manager, customer_id) == []
+        assert _version(manager, customer_id) == version + 1
+        with manager.engine.begin() as connection:
+            connection.execute(
+                text("DELETE FROM path_lock_waiters WHERE customer_id = :c"), {"c": customer_id}
+            )
