@@ -429,6 +429,14 @@ def grant_statement(
             customer_locks.c.customer_id == bindparam("c_id"),
             ~equal_conflicts(form, path_locks.c.id).exists(),
             ~below_conflicts(form.exclusive, form.shared, path_locks.c.id).exists(),
+            # Never twice for one lease: rows a release handed to the request
+            # (Store.release) are taken up, not granted anew beside them
+            # (shared ones would not count as a conflict).
+            ~exists().where(
+                path_locks.c.customer_id == bindparam("c_id"),
+                path_locks.c.lease_id == bindparam("l_id", type_=String),
+                path_locks.c.expires_at > now(),
+            ),
         )
     )
     if queued:
@@ -567,6 +575,17 @@ WATCH_AHEAD = select(
     )
     .scalar_subquery(),
 ).where(customer_locks.c.customer_id == bindparam("c_id"))
+# The fencing token of a live row of the request's own lease: rows a release
+# handed to it (Store.release), which its attempt takes up.
+OWN_ROWS = (
+    select(path_locks.c.fencing_token)
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.lease_id == bindparam("l_id"),
+        path_locks.c.expires_at > now(),
+    )
+    .limit(1)
+)
 # The rows a release granted to a queued request, taken up by it under the
 # sentinel row (locked first, as a renewal does): they expire a waiter's ttl
 # after the hand-over unless taken up, never once expired.

@@ -64,6 +64,7 @@ from pathlock._statements import (
     LOCK_SENTINELS,
     MAX_BLOCKERS,
     NO_TICKET,
+    OWN_ROWS,
     OWNER_LOCKS,
     QUEUE_HEAD,
     REFRESH_WAITER,
@@ -87,6 +88,13 @@ from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
 
 log = logging.getLogger("pathlock.store")
 
+QUEUED_FOR = 0.5
+"""Seconds for which a customer seen with a queue (a release read one, or an
+attempt queued) counts as having one: a new request of it skips the grant in
+one round trip, which requires an empty queue, and goes straight to the
+attempt that says who is in the way."""
+_QUEUED_KEPT = 4096  # customers remembered at most
+
 
 @dataclass(frozen=True)
 class _Queue:
@@ -105,12 +113,14 @@ class _Queue:
 class _Picture:
     """Who is in the way of a request: live conflicting locks (``blockers``)
     and the older queued requests that must go first (``ahead``); ``queued``
-    is the customer's whole live queue."""
+    is the customer's whole live queue; ``handed``, the fencing token of rows
+    a release handed to the request, if any (then nothing is in its way)."""
 
     blockers: tuple[LockInfo, ...]
     queued: list[WaiterInfo]
     ahead: tuple[WaiterInfo, ...]
     owner_locks: _OwnerLocks
+    handed: int | None = None
 
     @classmethod
     def read(
@@ -139,8 +149,9 @@ class _Picture:
         else:
             blocking = connection.execute(blockers_query(shape(request.paths)), parameters)
             queue = connection.execute(LIVE_WAITERS, parameters)
+            own = connection.execute(OWN_ROWS, parameters).all()
             owner_locks = _OwnerLocks(connection, parameters)
-            picture = cls._judge(request, ticket, blocking.all(), queue.all(), owner_locks)
+            picture = cls._judge(request, ticket, blocking.all(), queue.all(), owner_locks, own=own)
         if end and connection.in_transaction():
             connection.rollback()
         return picture
@@ -154,6 +165,7 @@ class _Picture:
             (blockers_query(shape(request.paths)), parameters),
             (LIVE_WAITERS, parameters),
             (OWNER_LOCKS, parameters),
+            (OWN_ROWS, parameters),
         ]
 
     @classmethod
@@ -166,10 +178,10 @@ class _Picture:
         replies: Sequence[batch.Reply],
     ) -> _Picture:
         """The picture from the replies to :meth:`steps`."""
-        found, waiting, owned = replies
+        found, waiting, owned, own = replies
         owner_locks = _OwnerLocks(connection, parameters)
         owner_locks.known([(row.path, row.mode) for row in owned.rows])
-        return cls._judge(request, ticket, found.rows, waiting.rows, owner_locks)
+        return cls._judge(request, ticket, found.rows, waiting.rows, owner_locks, own=own.rows)
 
     @classmethod
     def _judge(
@@ -179,7 +191,11 @@ class _Picture:
         blocking: Sequence[Any],
         queue: Sequence[Any],
         owner_locks: _OwnerLocks,
+        *,
+        own: Sequence[Any],
     ) -> _Picture:
+        if own:
+            return cls((), [], (), owner_locks, int(own[0][0]))
         blockers = tuple(lock_info(row) for row in blocking)
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
@@ -263,6 +279,22 @@ class Store:
         self.router = transactions.router
         self.dialect = transactions.dialect
         self.home = transactions.home
+        # Customer id -> monotonic time it was last seen with a queue.
+        self._queued: dict[int, float] = {}
+
+    def _seen_queued(self, customer_id: int) -> None:
+        now = time.monotonic()
+        if len(self._queued) >= _QUEUED_KEPT:
+            self._queued = {
+                customer: seen
+                for customer, seen in list(self._queued.items())
+                if now - seen < QUEUED_FOR
+            }
+        self._queued[customer_id] = now
+
+    def _likely_queued(self, customer_id: int) -> bool:
+        seen = self._queued.get(customer_id)
+        return seen is not None and time.monotonic() - seen < QUEUED_FOR
 
     @property
     def hands_over(self) -> bool:
@@ -477,12 +509,11 @@ class Store:
         # and more).
         if picture is None:
             picture = _Picture.read(connection, request, ticket, parameters)
-        handed = [info for info in picture.blockers if info.lease_id == request.lease_id]
-        if handed:
-            # A release granted these rows to this request (hand_over()): its
-            # queue row is gone, and they are taken up here, under the
-            # sentinel row this transaction holds.
-            return self._taken_up(connection, request, handed[0].fencing_token)
+        if picture.handed is not None:
+            # A release granted rows to this request (hand_over()): its queue
+            # row is gone, and they are taken up here, under the sentinel row
+            # this transaction holds.
+            return self._taken_up(connection, request, picture.handed)
         if picture.blockers:
             deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
             if deadlock is not None:
@@ -492,6 +523,8 @@ class Store:
             # The queue was not empty, but nobody in it conflicts.
             return self._granted(connection, request, token, ticket)
         blockers, ahead = picture.blockers, picture.ahead
+        if picture.queued or (queue and ticket is None):
+            self._seen_queued(request.customer_id)
         if queue and ticket is None:
             # Queued under the sentinel, so every later grant sees it. The
             # version stays put: nobody watching has anything new to try.
@@ -594,7 +627,7 @@ class Store:
 
         def attempt(connection: Connection, _number: int) -> Outlook:
             picture = _Picture.read(connection, request, ticket, parameters, end=True)
-            if any(info.lease_id == request.lease_id for info in picture.blockers):
+            if picture.handed is not None:
                 # Handed over by a release: the attempt takes them up.
                 return Outlook(free=True, next_in_line=True)
             return Outlook(
@@ -882,39 +915,49 @@ class Store:
 
         return self._tx.run("releasing a lease left in doubt", attempt, customer_id=customer_id)
 
+    def _release_in_one(
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any]
+    ) -> tuple[int, _Queue | None]:
+        """A release in one round trip, where a batch carries its COMMIT: the
+        rows deleted, and what :meth:`_hand_over` needs if anyone waits."""
+        # One round trip: the sentinel row locked (not written), the rows
+        # deleted, the version and the head of the queue read, COMMIT.
+        # The version moves when the released paths are handed over, or
+        # when nobody can be (see _hand_over()): a waiter does not
+        # attempt at the release, only to find the paths given away.
+        _locked, deleted, read, queued = batch.run(
+            connection,
+            [
+                (LOCK_SENTINEL, {"c_id": customer_id}),
+                (RELEASE, parameters),
+                (VERSION, {"c_id": customer_id}),
+                (QUEUE_HEAD, {"c_id": customer_id}),
+            ],
+            commit=True,
+        )
+        if not read.rows:
+            # Rows without a sentinel row (an operator deleted it): the
+            # deletion is committed; make the row, so waiters see a new
+            # version.
+            self._tx.bump(connection, customer_id)
+            connection.commit()
+            return deleted.rowcount, None
+        if not queued.rows:
+            return deleted.rowcount, None
+        self._seen_queued(customer_id)
+        if not deleted.rowcount:
+            return deleted.rowcount, None
+        waiters = [waiter_info(row) for row in queued.rows]
+        term = queued.rows[0].hand_over_us
+        return deleted.rowcount, _Queue(
+            int(read.rows[0][0]), waiters, None if term is None else int(term)
+        )
+
     def _release_once(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any], number: int
     ) -> tuple[int, _Queue | None]:
         if number == 1 and batch.commits_in_batches(connection):
-            # One round trip: the sentinel row locked (not written), the rows
-            # deleted, the version and the head of the queue read, COMMIT.
-            # The version moves when the released paths are handed over, or
-            # when nobody can be (see _hand_over()): a waiter does not
-            # attempt at the release, only to find the paths given away.
-            _locked, deleted, read, queued = batch.run(
-                connection,
-                [
-                    (LOCK_SENTINEL, {"c_id": customer_id}),
-                    (RELEASE, parameters),
-                    (VERSION, {"c_id": customer_id}),
-                    (QUEUE_HEAD, {"c_id": customer_id}),
-                ],
-                commit=True,
-            )
-            if not read.rows:
-                # Rows without a sentinel row (an operator deleted it): the
-                # deletion is committed; make the row, so waiters see a new
-                # version.
-                self._tx.bump(connection, customer_id)
-                connection.commit()
-                return deleted.rowcount, None
-            if not deleted.rowcount or not queued.rows:
-                return deleted.rowcount, None
-            waiters = [waiter_info(row) for row in queued.rows]
-            term = queued.rows[0].hand_over_us
-            return deleted.rowcount, _Queue(
-                int(read.rows[0][0]), waiters, None if term is None else int(term)
-            )
+            return self._release_in_one(connection, customer_id, parameters)
         if self.dialect.can_batch(connection):
             # The COMMIT too, where it can: a release in one round trip.
             commit = batch.commits_in_batches(connection)
@@ -928,7 +971,8 @@ class Store:
                     connection.commit()
                 return deleted.rowcount, None
             if commit:
-                # As above: the deletion is committed, the row is made.
+                # Rows without a sentinel row (an operator deleted it): the
+                # deletion is committed; make the row.
                 self._tx.bump(connection, customer_id)
                 connection.commit()
                 return deleted.rowcount, None

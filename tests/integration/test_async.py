@@ -551,8 +551,8 @@ def test_statements_are_batched_over_asyncmy_too(
     # version and of the queue, to hand the paths over: nobody waits).
     assert batches == [
         (4, "COMMIT"),
-        (5, ""),
+        (6, ""),
         (4, "COMMIT"),
-        (5, ""),
+        (6, ""),
         (4, "COMMIT"),
     ], batches

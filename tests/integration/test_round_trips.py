@@ -235,7 +235,8 @@ def test_a_denied_request_is_queued_in_three_round_trips(
 ) -> None:
     """The grant in one round trip (denied: nothing written); then the
     attempt (sentinel write and grant) with the reads that say who is in the
-    way (live locks, the queue, the owner's own locks), and the queue row with
+    way (live locks, the queue, the owner's own locks, rows of its own lease
+    that a release handed to it), and the queue row with
     its COMMIT: two round trips while the request holds the customer's
     sentinel row, which every other grant and release of the customer waits
     for."""
@@ -249,7 +250,8 @@ def test_a_denied_request_is_queued_in_three_round_trips(
         assert _statements(commands[0]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], (
             commands[0]
         )
-        assert _statements(commands[1]) == ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"]
+        reads = ["SELECT"] * 4
+        assert _statements(commands[1]) == ["UPDATE", "INSERT", *reads], commands[1]
         assert _statements(commands[2]) == ["INSERT", "UPDATE", "COMMIT"], commands[2]
         assert "path_lock_waiters" in commands[2].split(";\n")[0]
         lease.release()
@@ -302,12 +304,12 @@ def test_a_waiters_checks_are_one_round_trip_each(
 
     queued = [
         ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the grant in one round trip, denied
-        ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"],  # the attempt, with who is in the way
+        ["UPDATE", "INSERT", *["SELECT"] * 4],  # the attempt, with who is in the way
         ["INSERT", "UPDATE", "COMMIT"],  # the queue row
     ]
     checks = {
         ("SELECT", "ROLLBACK"),  # the version, and anything handed over
-        ("SELECT", "SELECT", "SELECT", "ROLLBACK"),  # the place: locks, queue, own locks
+        ("SELECT", "SELECT", "SELECT", "SELECT", "ROLLBACK"),  # locks, queue, own locks, lease
     }
     taken_up = ["UPDATE", "UPDATE", "COMMIT"]  # the sentinel row locked, the rows extended
     # A check that lands between the release and its hand-over finds the path
@@ -315,7 +317,7 @@ def test_a_waiters_checks_are_one_round_trip_each(
     # the path first or is denied, by the rows handed to it, which the attempt
     # after it takes up.
     granted = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"]
-    attempt = ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT"]
+    attempt = ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT", "SELECT"]
     raced = {tuple(granted), ("SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"), tuple(attempt)}
     released = ["UPDATE", "DELETE", "SELECT", "SELECT", "COMMIT"]
     handed_over = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"]
