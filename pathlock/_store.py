@@ -341,9 +341,12 @@ class Store:
             if number == 1 and self.dialect.can_batch(connection):
                 denied = False
                 if batch.commits_in_batches(connection):
-                    granted = self._grant_in_one(connection, request, ticket)
-                    if granted is not None:
-                        return granted
+                    # With a queue (seen moments ago), the grant in one round
+                    # trip is denied: it requires an empty one.
+                    if ticket is not None or not self._likely_queued(request.customer_id):
+                        granted = self._grant_in_one(connection, request, ticket)
+                        if granted is not None:
+                            return granted
                     # Denied, or the sentinel row is missing, or the case
                     # rules differ: nothing was written, the transaction is
                     # over. The attempt below says who is in the way, and

@@ -257,6 +257,47 @@ def test_a_denied_request_is_queued_in_three_round_trips(
         lease.release()
 
 
+def test_a_request_of_a_customer_seen_with_a_queue_skips_the_grant_in_one(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant in one round trip requires an empty queue. A manager that has
+    just seen the customer's queue (its own request was queued, or a release
+    read it) sends the attempt that says who is in the way first: a request
+    that conflicts with nothing queued is granted in three round trips, not
+    four (the INSERT that then grants it, and the COMMIT)."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as other,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        locks = other.for_customer(customer_id)
+        outcome: list[object] = []
+
+        def wait() -> None:
+            try:
+                locks.lock_paths("/a", timeout=10).release()
+                outcome.append("granted")
+            except Exception as error:  # noqa: BLE001 - the test looks at it
+                outcome.append(error)
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not holder.list_waiters(customer_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with sent(monkeypatch) as commands:
+            sibling = locks.lock_paths("/b")
+        sibling.release()
+        lease.release()
+        waiting.join()
+    assert [_statements(command) for command in commands] == [
+        ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT", "SELECT"],
+        ["INSERT"],
+        ["COMMIT"],
+    ], commands
+    assert outcome == ["granted"]
+
+
 def test_a_waiters_checks_are_one_round_trip_each(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
