@@ -432,11 +432,7 @@ def grant_statement(
             # Never twice for one lease: rows a release handed to the request
             # (Store.release) are taken up, not granted anew beside them
             # (shared ones would not count as a conflict).
-            ~exists().where(
-                path_locks.c.customer_id == bindparam("c_id"),
-                path_locks.c.lease_id == bindparam("l_id", type_=String),
-                path_locks.c.expires_at > now(),
-            ),
+            ~exists().where(*_own_live_rows()),
         )
     )
     if queued:
@@ -533,31 +529,31 @@ UNBUMP = (
     .values(version=customer_locks.c.version - 1)
 )
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
-# A queued request's check (where a release hands paths over, see
-# HAND_OVER_WAITERS): the version, and the fencing token of its own rows if a
-# release has granted them to it.
-_HANDED = (
-    select(path_locks.c.fencing_token)
-    .where(
+
+
+def _own_live_rows() -> list[ColumnElement[bool]]:
+    """The live rows of the request's own lease (``:l_id``): rows a release
+    handed to it (Store.release)."""
+    return [
         path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id"),
+        path_locks.c.lease_id == bindparam("l_id", type_=String),
         path_locks.c.expires_at > now(),
-    )
-    .limit(1)
-    .scalar_subquery()
-)
-# How long those rows have left, in microseconds of the database's clock.
+    ]
+
+
+# The fencing token of those rows, which the request's attempt takes up.
+OWN_ROWS = select(path_locks.c.fencing_token).where(*_own_live_rows()).limit(1)
+# How long they have left, in microseconds of the database's clock.
 _HANDED_FOR = (
     select(func.timestampdiff(literal_column("MICROSECOND"), now(), path_locks.c.expires_at))
-    .where(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id"),
-        path_locks.c.expires_at > now(),
-    )
+    .where(*_own_live_rows())
     .limit(1)
     .scalar_subquery()
 )
-WATCH = select(customer_locks.c.version, _HANDED, _HANDED_FOR).where(
+# A queued request's check (where a release hands paths over, see
+# HAND_OVER_WAITERS): the version, and the fencing token of the rows a
+# release handed to it, if any, and how long they have left.
+WATCH = select(customer_locks.c.version, OWN_ROWS.scalar_subquery(), _HANDED_FOR).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
 # The same, for a request with older ones ahead of it: also how many of those
@@ -565,7 +561,7 @@ WATCH = select(customer_locks.c.version, _HANDED, _HANDED_FOR).where(
 # once they have all left.
 WATCH_AHEAD = select(
     customer_locks.c.version,
-    _HANDED,
+    OWN_ROWS.scalar_subquery(),
     _HANDED_FOR,
     select(func.count())
     .where(
@@ -575,27 +571,12 @@ WATCH_AHEAD = select(
     )
     .scalar_subquery(),
 ).where(customer_locks.c.customer_id == bindparam("c_id"))
-# The fencing token of a live row of the request's own lease: rows a release
-# handed to it (Store.release), which its attempt takes up.
-OWN_ROWS = (
-    select(path_locks.c.fencing_token)
-    .where(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id"),
-        path_locks.c.expires_at > now(),
-    )
-    .limit(1)
-)
-# The rows a release granted to a queued request, taken up by it under the
-# sentinel row (locked first, as a renewal does): they expire a waiter's ttl
-# after the hand-over unless taken up, never once expired.
+# Those rows taken up by the request under the sentinel row (locked first, as
+# a renewal does): they expire after the term its queue row recorded unless
+# taken up, and are never extended once expired.
 TAKE_UP = (
     update(path_locks)
-    .where(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id"),
-        path_locks.c.expires_at > now(),
-    )
+    .where(*_own_live_rows())
     .values(expires_at=now_plus(bindparam("ttl_us", type_=BigInteger)))
 )
 # If absent: a concurrent first use may insert the row too.
