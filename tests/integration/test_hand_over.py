@@ -29,8 +29,9 @@ from pathlock import Lease, Owner, PathLockManager, Settings
 from pathlock._records import Blocked, Granted, GrantRequest
 from pathlock._store import Store, _Queue
 from pathlock.paths import normalize_request
-from pathlock.types import WaiterInfo
+from pathlock.types import PathMode
 from tests.integration.commit_faults import CommitFaults
+from tests.integration.test_round_trips import _version
 
 # Short, so the tests that wait for handed paths to lapse are quick.
 WAITER_TTL = 2.0
@@ -52,14 +53,17 @@ def _rows(manager: PathLockManager, customer_id: int) -> list[Any]:
         )
 
 
-def _version(manager: PathLockManager, customer_id: int) -> int:
-    with manager.engine.connect() as connection:
-        return int(
-            connection.execute(
-                text("SELECT version FROM customer_locks WHERE customer_id = :c"),
-                {"c": customer_id},
-            ).scalar_one()
-        )
+def _calls(store: Store, name: str) -> list[object]:
+    """The calls of ``store``'s method ``name`` from now on (it still runs)."""
+    calls: list[object] = []
+    method = getattr(store, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    setattr(store, name, counted)
+    return calls
 
 
 def _wait_until(condition: Any, seconds: float = 10.0) -> None:
@@ -68,6 +72,28 @@ def _wait_until(condition: Any, seconds: float = 10.0) -> None:
         if time.monotonic() > ends:
             raise AssertionError("timed out")
         time.sleep(0.01)
+
+
+def _queued(manager: PathLockManager, customer_id: int, count: int, seconds: float = 10.0) -> None:
+    """Wait until ``count`` requests of the customer are queued."""
+    _wait_until(lambda: len(manager.list_waiters(customer_id)) == count, seconds)
+
+
+def _queue(store: Store, customer_id: int, paths: tuple[PathMode, ...]) -> tuple[GrantRequest, int]:
+    """A request of ``paths`` that an attempt through ``store`` queued (something
+    must be in its way), and its ticket."""
+    request = GrantRequest(
+        customer_id,
+        secrets.token_hex(16),
+        paths,
+        Owner("queued", 1, "t", "queued.t1"),
+        "",
+        30.0,
+    )
+    blocked = store.try_grant(request, None, queue=True, patience=time.monotonic() + 5)
+    assert isinstance(blocked, Blocked)
+    assert blocked.ticket is not None
+    return request, blocked.ticket
 
 
 @contextmanager
@@ -101,22 +127,11 @@ def test_a_release_hands_the_path_to_the_first_in_line(mariadb_url: str, custome
         PathLockManager(mariadb_url, heartbeat=False, ttl=60.0) as second,
     ):
         lease = holder.for_customer(customer_id).lock_paths("/a")
-        attempts: list[object] = []
-        tried = first._store.try_grant
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            attempts.append(args)
-            return tried(*args, **kwargs)
-
-        first._store.try_grant = counted  # type: ignore[method-assign]
+        attempts = _calls(first._store, "try_grant")
         with _waiting(first, customer_id, "/a/b", timeout=10) as got:
-
-            def waiters() -> list[WaiterInfo]:
-                return holder.list_waiters(customer_id)
-
-            _wait_until(lambda: len(waiters()) == 1)
+            _queued(holder, customer_id, 1)
             with _waiting(second, customer_id, "/a", timeout=10) as later:
-                _wait_until(lambda: len(waiters()) == 2)
+                _queued(holder, customer_id, 2)
                 lease.release()
                 _wait_until(lambda: "lease" in got or "error" in got)
                 handed: Lease = got["lease"]
@@ -127,7 +142,8 @@ def test_a_release_hands_the_path_to_the_first_in_line(mariadb_url: str, custome
                 assert [(row.lease_id, row.path) for row in rows] == [(handed.lease_id, "/a/b")]
                 assert rows[0].left_s > 50  # taken up for the waiter's own ttl
                 assert rows[0].owner_key == handed.owner.key
-                assert [info.paths for info in waiters()] == [(("/a", "exclusive"),)]
+                queue = holder.list_waiters(customer_id)
+                assert [info.paths for info in queue] == [(("/a", "exclusive"),)]
                 handed.release()
                 _wait_until(lambda: "lease" in later or "error" in later)
                 later["lease"].release()
@@ -147,7 +163,7 @@ def test_the_first_renewal_takes_handed_paths_up(mariadb_url: str, customer_id: 
     ):
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
-            _wait_until(lambda: len(holder.list_waiters(customer_id)) == 1)
+            _queued(holder, customer_id, 1)
             lease.release()
             _wait_until(lambda: "lease" in got or "error" in got)
         handed: Lease = got["lease"]
@@ -174,7 +190,7 @@ def test_a_hand_over_to_a_request_that_left_the_queue_grants_nothing(
         locks.lock_paths("/warm").release()
         lease = locks.lock_paths("/a")
         with _waiting(manager, customer_id, "/a", timeout=0.3, owner="gone"):
-            _wait_until(lambda: len(manager.list_waiters(customer_id)) == 1)
+            _queued(manager, customer_id, 1)
             (head,) = manager.list_waiters(customer_id)
         # The waiter timed out and left: its queue row is gone.
         assert manager.list_waiters(customer_id) == []
@@ -198,21 +214,10 @@ def test_a_request_that_leaves_the_queue_as_it_is_handed_the_paths_leaves_nothin
         locks = manager.for_customer(customer_id)
         lease = locks.lock_paths("/a")
         store: Store = manager._store
-        request = GrantRequest(
-            customer_id,
-            secrets.token_hex(16),
-            normalize_request(["/a"], []),
-            Owner("leaving", 1, "t", "leaving.t1"),
-            "",
-            30.0,
-        )
-        started = time.monotonic()
-        blocked = store.try_grant(request, None, queue=True, patience=started + 5)
-        assert isinstance(blocked, Blocked)
-        assert blocked.ticket is not None
+        request, ticket = _queue(store, customer_id, normalize_request(["/a"], []))
         store.release(customer_id, lease.lease_id, paths=lease.paths)
         assert [row.lease_id for row in _rows(manager, customer_id)] == [request.lease_id]
-        store.leave_queue(customer_id, request.lease_id, blocked.ticket)
+        store.leave_queue(customer_id, request.lease_id, ticket)
         assert _rows(manager, customer_id) == []
         assert manager.list_waiters(customer_id) == []
 
@@ -228,20 +233,9 @@ def test_requests_queued_by_an_older_pathlock_are_not_handed_paths(
         PathLockManager(mariadb_url, heartbeat=False) as waiter,
     ):
         lease = holder.for_customer(customer_id).lock_paths("/a")
-        handed: list[object] = []
-        take_up = waiter._store.take_up
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            handed.append(args)
-            return take_up(*args, **kwargs)
-
-        waiter._store.take_up = counted  # type: ignore[method-assign]
+        handed = _calls(waiter._store, "take_up")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
-
-            def waiters() -> list[WaiterInfo]:
-                return holder.list_waiters(customer_id)
-
-            _wait_until(lambda: len(waiters()) == 1)
+            _queued(holder, customer_id, 1)
             with holder.engine.begin() as connection:
                 connection.execute(
                     text("UPDATE path_lock_waiters SET hand_over_us = NULL WHERE customer_id = :c"),
@@ -273,7 +267,7 @@ def test_a_hand_over_whose_commit_reply_is_lost_reaches_the_waiter(
     ):
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
-            _wait_until(lambda: len(holder.list_waiters(customer_id)) == 1)
+            _queued(holder, customer_id, 1)
             monkeypatch.setattr(Store, "_grant_head", lossy)
             lease.release()
             monkeypatch.setattr(Store, "_grant_head", grant_head)
@@ -322,7 +316,7 @@ def test_a_waiter_killed_after_the_hand_over_holds_the_paths_a_waiters_ttl_at_mo
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
         try:
-            _wait_until(lambda: len(holder.list_waiters(customer_id)) == 1, 60.0)
+            _queued(holder, customer_id, 1, 60.0)
             os.kill(doomed.pid, signal.SIGSTOP)
             lease.release()
             read_from = time.monotonic()
@@ -360,7 +354,7 @@ def test_the_head_of_a_queue_of_an_unrelated_path_is_left_alone(
         first = locks.lock_paths("/a")
         sibling = locks.lock_paths("/b")
         with _waiting(manager, customer_id, "/a", timeout=10, owner="waiter") as got:
-            _wait_until(lambda: len(manager.list_waiters(customer_id)) == 1)
+            _queued(manager, customer_id, 1)
             version = _version(manager, customer_id)
             sibling.release()
             assert _version(manager, customer_id) == version
@@ -410,17 +404,7 @@ def test_an_attempt_of_a_request_handed_shared_paths_takes_them_up_once(
         locks = manager.for_customer(customer_id)
         lease = locks.lock_paths("/a")
         store: Store = manager._store
-        request = GrantRequest(
-            customer_id,
-            secrets.token_hex(16),
-            normalize_request([], ["/a/b"]),
-            Owner("sharing", 1, "t", "sharing.t1"),
-            "",
-            30.0,
-        )
-        started = time.monotonic()
-        blocked = store.try_grant(request, None, queue=True, patience=started + 5)
-        assert isinstance(blocked, Blocked)
+        request, _ticket = _queue(store, customer_id, normalize_request([], ["/a/b"]))
         store.release(customer_id, lease.lease_id, paths=lease.paths)
         (handed,) = _rows(manager, customer_id)
         assert handed.lease_id == request.lease_id
