@@ -67,9 +67,11 @@ def acquire(
     left_behind: LeftBehind | None = None,
     take_up_later: bool = False,
 ) -> Result:
-    """Attempt until ``request`` is granted: return its fencing token and the
+    """Attempt until ``request`` is granted: return its fencing token, the
     lease clock's time (``settings.clock.now()``) when its granting attempt
-    started. ``None`` if ``blocking`` is false and the one attempt was denied.
+    started, and how long its rows last from then if not its ttl (see
+    :data:`pathlock._flow.Result`). ``None`` if ``blocking`` is false and the
+    one attempt was denied.
     Raises what :class:`~pathlock._flow.AcquireFlow` raises: :class:`LockTimeout`
     after ``wait_limit`` seconds (``None``: no limit), :class:`DeadlockDetected`,
     :class:`ContentionTimeout` for a try-lock that kept losing races,

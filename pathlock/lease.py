@@ -57,7 +57,11 @@ class Lease:
 
     Use it as a context manager (``with locks.lock_paths(...) as lease:``) or call
     :meth:`release`. The lease lasts ``ttl`` seconds from its grant, in database
-    time, and the manager's heartbeat renews it while it is held. If renewal
+    time, and the manager's heartbeat renews it while it is held. (Paths a
+    release handed to a waiting request, on a MySQL or MariaDB server, last a
+    few seconds at first, the request's ``waiter_ttl`` at most: the first
+    renewal, a third of the way in, extends them to the ``ttl``;
+    :attr:`expires_in` counts down the shorter term until then.) If renewal
     finds it gone, or cannot reach the database before it may have expired, the
     lease is *lost*: :attr:`lost` turns true, :meth:`ensure_held` raises
     :class:`LeaseLost`, the ``on_lost`` callbacks run, and leaving its ``with``
