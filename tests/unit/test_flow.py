@@ -214,11 +214,18 @@ def test_a_release_in_this_process_wakes_the_request_at_once() -> None:
     assert run.reply(True) == Stop()  # the Sleep was cut short by a release
 
 
-def test_paths_a_release_handed_over_are_taken_up_without_an_attempt() -> None:
+def _waiting_for_hand_over() -> Run:
+    """A request queued as ticket 5 where releases hand paths over, in its
+    first sleep."""
     run = Run(handed_over=True)
     run.reply(None)
     run.reply(blocked(5, version=1))
     run.reply()
+    return run
+
+
+def test_paths_a_release_handed_over_are_taken_up_without_an_attempt() -> None:
+    run = _waiting_for_hand_over()
     run.clock.time += 0.01
     run.reply(False)  # Behind
     assert run.reply(False) == ReadVersion(1010.0, handed=True)
@@ -236,10 +243,7 @@ def test_handed_over_paths_may_be_taken_up_by_the_first_renewal() -> None:
     """Where the manager renews its leases, the paths are not extended at
     once: the lease lasts as long as the handed rows, counted from before the
     check that found them, until its first renewal."""
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(5, version=1))
-    run.reply()
+    run = _waiting_for_hand_over()
     run.clock.time += 0.01
     checked_at = run.clock.now()
     run.reply(False)
@@ -251,10 +255,7 @@ def test_handed_over_paths_may_be_taken_up_by_the_first_renewal() -> None:
 
 
 def test_handed_over_paths_that_lapsed_before_they_were_taken_up_queue_again() -> None:
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(5, version=1))
-    run.reply()
+    run = _waiting_for_hand_over()
     run.clock.time += 0.01
     run.reply(False)
     run.reply(False)
@@ -266,10 +267,7 @@ def test_handed_over_paths_that_lapsed_before_they_were_taken_up_queue_again() -
 
 
 def test_a_release_in_this_process_may_have_handed_its_paths_over() -> None:
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(5, version=1))
-    run.reply()
+    run = _waiting_for_hand_over()
     # Woken by a release here: unless the manager closed (or the request
     # was cancelled), a look for paths handed over.
     assert run.reply(True) == Stop()
@@ -277,18 +275,12 @@ def test_a_release_in_this_process_may_have_handed_its_paths_over() -> None:
     assert run.reply(Watched(2, 45, looked=True)) == TakeUp(1010.0)
     assert run.finish(True) == (45, 6000.0, None)
     # Not handed to this one: an attempt, as without hand-overs.
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(5, version=1))
-    run.reply()
+    run = _waiting_for_hand_over()
     run.reply(True)
     run.reply(None)
     assert run.reply(Watched(2, looked=True)) == Stop()
     # Woken by the manager's close: no read, the error.
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(5, version=1))
-    run.reply()
+    run = _waiting_for_hand_over()
     assert run.reply(True) == Stop()
     with pytest.raises(ManagerClosed):
         run.reply(ManagerClosed("lock paths"))
@@ -330,10 +322,7 @@ def test_a_database_whose_releases_do_not_hand_over_is_checked_as_before() -> No
     """A check that could not look for paths handed over (a Galera node's
     connection) turns the looking off: plain version checks from then on,
     spaced by the wait policy."""
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(5, version=1))
-    run.reply()
+    run = _waiting_for_hand_over()
     run.clock.time += 0.01
     run.reply(False)
     assert run.reply(False) == ReadVersion(1010.0, handed=True)
