@@ -503,6 +503,14 @@ LOCK_SENTINEL = (
     .where(customer_locks.c.customer_id == bindparam("c_id"))
     .values(version=customer_locks.c.version)
 )
+# The same, for a release (MySQL, MariaDB): its reply also carries the
+# version, as the id LAST_INSERT_ID() was given (where the row exists: it
+# matched one row). One SELECT less in the round trip.
+LOCK_AND_READ_SENTINEL = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(version=func.last_insert_id(customer_locks.c.version))
+)
 _GRANTED = func.row_count() > literal_column("0")
 # The first statement of a grant in one round trip (MySQL, MariaDB): until
 # when, in the server's time, the client waits for its reply. The lock may
@@ -766,9 +774,26 @@ LIVE_WAITERS = (
 # How many queued requests a release reads: the head of the queue, to hand its
 # paths to, and whether anyone behind it waited for them.
 HAND_OVER_WAITERS = 16
-# What a release reads of them (see Store.release).
+# What a release reads of them (see Store.release): the columns of a queue
+# row but the customer's id, in this order, as one JSON array per row. Every
+# column of a result costs the client more to parse (its description comes
+# with every reply, rows or none) than the server to write: one column is
+# what an uncontended release reads.
+QUEUE_ITEM = (
+    "ticket",
+    "lease_id",
+    "paths",
+    "node_id",
+    "pid",
+    "thread",
+    "owner_key",
+    "reason",
+    "created_at",
+    "expires_at",
+    "hand_over_us",
+)
 QUEUE_HEAD = (
-    select(*WAITER_COLUMNS, path_lock_waiters.c.hand_over_us)
+    select(func.json_array(*(path_lock_waiters.c[name] for name in QUEUE_ITEM)).label("item"))
     .where(
         path_lock_waiters.c.customer_id == bindparam("c_id"),
         path_lock_waiters.c.expires_at > now(),

@@ -22,10 +22,13 @@ they share.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -60,6 +63,7 @@ from pathlock._statements import (
     HELD,
     LEASE_ALIVE,
     LIVE_WAITERS,
+    LOCK_AND_READ_SENTINEL,
     LOCK_SENTINEL,
     LOCK_SENTINELS,
     MAX_BLOCKERS,
@@ -67,6 +71,7 @@ from pathlock._statements import (
     OWN_ROWS,
     OWNER_LOCKS,
     QUEUE_HEAD,
+    QUEUE_ITEM,
     REFRESH_WAITER,
     RELEASE,
     RELEASE_OWNER,
@@ -103,6 +108,8 @@ class _Queue:
 
     version: int
     waiters: list[WaiterInfo]
+    """Oldest first; empty when the release could not read them (then the
+    version moves, and the waiters try for themselves)."""
     term_us: int | None
     """How long paths handed to the oldest last until it takes them up
     (microseconds); ``None``: it does not take them (queued by a pathlock
@@ -259,6 +266,30 @@ def _well_formed(paths: Sequence[PathMode]) -> bool:
         )
     except PathLockError:
         return False
+
+
+def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
+    """What a release read: the version its sentinel write read, and the
+    oldest queued requests (``QUEUE_HEAD``'s rows, each a JSON array). A row
+    pathlock cannot read (written by hand) hands nothing over: the version
+    moves, and the waiters try for themselves."""
+    try:
+        items = [dict(zip(QUEUE_ITEM, json.loads(row.item), strict=True)) for row in rows]
+        waiters = [_queued(customer_id, item) for item in items]
+    except (ValueError, TypeError, KeyError):
+        log.debug("customer %d: unreadable queued request among %.200r", customer_id, rows)
+        return _Queue(version, [], None)
+    term = items[0]["hand_over_us"]
+    return _Queue(version, waiters, None if term is None else int(term))
+
+
+def _queued(customer_id: int, item: dict[str, Any]) -> WaiterInfo:
+    """One queued request of a release's read (its times in the server's
+    text form)."""
+    row = SimpleNamespace(**item, customer_id=customer_id)
+    row.created_at = datetime.fromisoformat(item["created_at"])
+    row.expires_at = datetime.fromisoformat(item["expires_at"])
+    return waiter_info(row)  # type: ignore[arg-type]  # a row's attributes
 
 
 class Store:
@@ -836,18 +867,22 @@ class Store:
         first renewal). A failure here is logged: the waiters find the paths
         free at their next recheck."""
         waiters = queue.waiters
-        if released is not None and len(waiters) < HAND_OVER_WAITERS:
+        if waiters and released is not None and len(waiters) < HAND_OVER_WAITERS:
             waiters = [info for info in waiters if requests_conflict(info.paths, released)]
             if not waiters:
                 return  # nobody waited for these paths
-        head = queue.waiters[0]
+        head = queue.waiters[0] if queue.waiters else None
         term_us = queue.term_us
         give = (
-            term_us is not None and term_us > 0 and waiters[0] is head and _well_formed(head.paths)
+            head is not None
+            and term_us is not None
+            and term_us > 0
+            and waiters[0] is head
+            and _well_formed(head.paths)
         )
 
         def attempt(connection: Connection, number: int) -> None:
-            if give and term_us and number == 1 and batch.commits_in_batches(connection):
+            if head and give and term_us and number == 1 and batch.commits_in_batches(connection):
                 self._grant_head(connection, customer_id, head, term_us, queue.version)
             else:
                 self._tx.bump(connection, customer_id)
@@ -923,22 +958,21 @@ class Store:
     ) -> tuple[int, _Queue | None]:
         """A release in one round trip, where a batch carries its COMMIT: the
         rows deleted, and what :meth:`_hand_over` needs if anyone waits."""
-        # One round trip: the sentinel row locked (not written), the rows
-        # deleted, the version and the head of the queue read, COMMIT.
+        # One round trip: the sentinel row locked (not written) and its
+        # version read, the rows deleted, the head of the queue read, COMMIT.
         # The version moves when the released paths are handed over, or
         # when nobody can be (see _hand_over()): a waiter does not
         # attempt at the release, only to find the paths given away.
-        _locked, deleted, read, queued = batch.run(
+        locked, deleted, queued = batch.run(
             connection,
             [
-                (LOCK_SENTINEL, {"c_id": customer_id}),
+                (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
                 (RELEASE, parameters),
-                (VERSION, {"c_id": customer_id}),
                 (QUEUE_HEAD, {"c_id": customer_id}),
             ],
             commit=True,
         )
-        if not read.rows:
+        if not locked.rowcount:
             # Rows without a sentinel row (an operator deleted it): the
             # deletion is committed; make the row, so waiters see a new
             # version.
@@ -950,11 +984,7 @@ class Store:
         self._seen_queued(customer_id)
         if not deleted.rowcount:
             return deleted.rowcount, None
-        waiters = [waiter_info(row) for row in queued.rows]
-        term = queued.rows[0].hand_over_us
-        return deleted.rowcount, _Queue(
-            int(read.rows[0][0]), waiters, None if term is None else int(term)
-        )
+        return deleted.rowcount, _queue(customer_id, locked.lastrowid, queued.rows)
 
     def _release_once(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any], number: int

@@ -547,12 +547,13 @@ def test_statements_are_batched_over_asyncmy_too(
     # customer's sentinel row does not exist yet), the attempt that finds
     # that out (with its reads of who is in the way), then the row and the
     # grant made one by one; the denied try in one round trip, then with its
-    # reads; the release, whose COMMIT goes with it (with its reads of the
-    # version and of the queue, to hand the paths over: nobody waits).
+    # reads; the release, whose COMMIT goes with it (with its read of the
+    # queue, to hand the paths over: nobody waits; the version comes with the
+    # reply to the lock of the sentinel row).
     assert batches == [
         (4, "COMMIT"),
         (6, ""),
         (4, "COMMIT"),
         (6, ""),
-        (4, "COMMIT"),
+        (3, "COMMIT"),
     ], batches

@@ -204,6 +204,51 @@ def test_a_hand_over_to_a_request_that_left_the_queue_grants_nothing(
         again.release()
 
 
+def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The head of the queue waited for the released path and for one still
+    held: the hand-over grants nothing and moves the version, from the one
+    the release's reply carried, so the waiters try for themselves."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        for _ in range(3):
+            locks.lock_paths("/warm").release()  # a version other than 0
+        lease, other = locks.lock_paths("/a"), locks.lock_paths("/b")
+        store: Store = manager._store
+        request, _ticket = _queue(store, customer_id, normalize_request(["/a", "/b"], []))
+        handed = _calls(store, "_hand_over")
+        version = _version(manager, customer_id)
+        store.release(customer_id, lease.lease_id, paths=lease.paths)
+        ((_customer, _released, queue, _deadline),) = handed
+        assert queue.version == version
+        assert [info.lease_id for info in queue.waiters] == [request.lease_id]
+        assert queue.waiters[0].paths == (("/a", "exclusive"), ("/b", "exclusive"))
+        assert queue.term_us == round(manager.settings.waiter_ttl * 1_000_000)
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
+        assert _version(manager, customer_id) == version + 1
+        other.release()
+
+
+def test_a_release_after_the_sentinel_row_was_deleted_by_hand(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """An operator deleted the customer's sentinel row while a lease was held:
+    the release still deletes the lease's rows, and makes the row again, so
+    that the customer's version is there for waiters and later grants."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a")
+        with manager.engine.begin() as connection:
+            connection.execute(
+                text("DELETE FROM customer_locks WHERE customer_id = :c"), {"c": customer_id}
+            )
+        lease.release()
+        assert _rows(manager, customer_id) == []
+        assert _version(manager, customer_id) >= 1
+        locks.lock_paths("/a", timeout=1).release()
+
+
 def test_a_request_that_leaves_the_queue_as_it_is_handed_the_paths_leaves_nothing(
     mariadb_url: str, customer_id: int
 ) -> None:
