@@ -214,19 +214,118 @@ def _compose(
         compiled = _compiled(statement, dialect)
         if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only
             raise TypeError(f"cannot batch {type(statement).__name__}")
-        state = compiled.construct_expanded_state(values)
-        parts.append(state.statement)
+        sql, parameters = expand(compiled, values)
+        parts.append(sql)
         if dialect.positional:
             # Each step's values in its own order: names may repeat (the
             # LIMIT of two statements is "param_1" in both).
-            positional.extend(state.positional_parameters)
+            positional.extend(parameters)
             continue
-        for name, value in state.parameters.items():
+        for name, value in parameters.items():
             if named.setdefault(name, value) != value:
                 raise ValueError(f"parameter {name!r} differs between batched statements")
     if end is not None:
         parts.append(end)
     return ";\n".join(parts), tuple(positional) if dialect.positional else named
+
+
+class _Plan(NamedTuple):
+    """A compiled statement expanded for values of one shape (the length of
+    each list it expands): its SQL, and where each of the driver's
+    parameters comes from, in the driver's order: ``(name, given name,
+    index)``, the index in the given list, or ``_VALUE`` for the value
+    itself, or ``_DEFAULT`` for the value or else the statement's own
+    (``defaults``)."""
+
+    sql: str
+    sources: tuple[tuple[str, str, int], ...]
+    defaults: dict[str, Any]
+
+
+_VALUE = -1
+_DEFAULT = -2
+_UNKNOWN = object()
+# Expanding names per compiled statement; None: not planned (its values are
+# written into its SQL, or its names are escaped).
+_EXPANDING: dict[SQLCompiler, tuple[str, ...] | None] = {}  # kept with the plans
+_PLANS: dict[tuple[SQLCompiler, tuple[int, ...]], _Plan] = {}
+_PLANS_KEPT = 1024
+
+
+def expand(compiled: SQLCompiler, values: dict[str, Any]) -> tuple[str, Any]:
+    """``compiled``'s SQL and its parameters for ``values`` (a dict, or a
+    tuple in the order of a positional paramstyle): what
+    :meth:`SQLCompiler.construct_expanded_state` returns (without type
+    processing, as before), from a plan made once per statement and shape.
+    SQLAlchemy rewrites the SQL of a statement with lists on every call
+    (``IN`` of the ancestors): a third of a grant's client CPU."""
+    # One dict operation at a time: other threads may clear the dicts.
+    expanding = _EXPANDING.get(compiled, _UNKNOWN)
+    if expanding is _UNKNOWN:
+        expanding = _EXPANDING[compiled] = _expanding(compiled)
+    if not isinstance(expanding, tuple):
+        state = compiled.construct_expanded_state(values)
+        if compiled.positional:
+            return state.statement, state.positional_parameters
+        return state.statement, state.parameters
+    key = (compiled, tuple(len(values[name]) for name in expanding))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+            _EXPANDING.clear()
+            _EXPANDING[compiled] = expanding
+        plan = _PLANS[key] = _plan(compiled, values)
+    defaults = plan.defaults
+    if compiled.positional:
+        return plan.sql, tuple(
+            values[name]
+            if index == _VALUE
+            else values[name][index]
+            if index >= 0
+            else values.get(name, defaults[name])
+            for _out, name, index in plan.sources
+        )
+    return plan.sql, {
+        out: values[name]
+        if index == _VALUE
+        else values[name][index]
+        if index >= 0
+        else values.get(name, defaults[name])
+        for out, name, index in plan.sources
+    }
+
+
+def _expanding(compiled: SQLCompiler) -> tuple[str, ...] | None:
+    binds = compiled.binds.values()
+    if (
+        compiled.literal_execute_params
+        or compiled.escaped_bind_names
+        or any(bind.literal_execute or bind.callable is not None for bind in binds)
+        or any(bind.expanding and bind.type._is_tuple_type for bind in binds)
+    ):
+        return None
+    return tuple(name for name, bind in compiled.binds.items() if bind.expanding)
+
+
+def _plan(compiled: SQLCompiler, values: dict[str, Any]) -> _Plan:
+    state = compiled.construct_expanded_state(values)  # raises if one is missing
+    origin = {
+        out: (name, index)
+        for name, outs in state.parameter_expansion.items()
+        for index, out in enumerate(outs)
+    }
+    names = state.positiontup if state.positiontup is not None else list(state.parameters)
+    sources: list[tuple[str, str, int]] = []
+    defaults: dict[str, Any] = {}
+    for out in names:
+        name, index = origin.get(out, (out, _VALUE))
+        bind = compiled.binds[name]
+        if index == _VALUE and not bind.required:
+            index = _DEFAULT
+            defaults[name] = bind.effective_value
+        sources.append((out, name, index))
+    return _Plan(state.statement, tuple(sources), defaults)
 
 
 def _ended(connection: Connection, end: Callable[[], None]) -> None:

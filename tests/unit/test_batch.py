@@ -1,0 +1,120 @@
+"""A batch's SQL and parameters come from a plan made once per statement and
+shape (:func:`pathlock._batch.expand`): they must be exactly what
+SQLAlchemy's own expansion gives, for every statement pathlock sends, every
+paramstyle of the drivers it runs on, and requests of every shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy.dialects.mysql import asyncmy as mysql_asyncmy
+from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
+from sqlalchemy.dialects.sqlite import aiosqlite as sqlite_aiosqlite
+from sqlalchemy.dialects.sqlite import pysqlite as sqlite_pysqlite
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import Executable
+
+from pathlock import _batch as batch
+from pathlock import _statements as statements
+from pathlock._records import GrantRequest, grant_parameters
+from pathlock._statements import NO_TICKET, blockers_query, grant_statement, shape
+from pathlock.paths import normalize_request
+from pathlock.types import Owner
+
+DIALECTS = {
+    # The paramstyles of the drivers' DB-API modules.
+    "pymysql": mysql_pymysql.dialect(paramstyle="pyformat"),  # by name
+    "asyncmy": mysql_asyncmy.dialect(paramstyle="format"),  # positional
+    "pysqlite": sqlite_pysqlite.dialect(paramstyle="qmark"),
+    "aiosqlite": sqlite_aiosqlite.dialect(paramstyle="qmark"),
+}
+
+# Requests of different shapes: one path, several, shared ones, deep ones.
+REQUESTS = [
+    (["/a"], []),
+    (["/Shared/bench/file.txt"], []),
+    (["/a/b/c", "/d"], ["/e/f"]),
+    ([], ["/x", "/y/z"]),
+    (["/" + "/".join(f"p{n}" for n in range(40))], ["/q"]),
+]
+
+
+def _module_statements() -> list[Executable]:
+    return [
+        value
+        for name, value in vars(statements).items()
+        if name.isupper() and isinstance(value, Executable)
+    ]
+
+
+def _values(compiled: SQLCompiler, length: int, salt: str) -> dict[str, Any]:
+    """A value for every parameter the statement needs (lists of ``length``)."""
+    return {
+        name: [f"{salt}{n}" for n in range(length)] if bind.expanding else f"{salt}-{name}"
+        for name, bind in compiled.binds.items()
+        if bind.required
+    }
+
+
+def _reference(compiled: SQLCompiler, values: dict[str, Any]) -> tuple[str, Any]:
+    state = compiled.construct_expanded_state(dict(values))
+    if compiled.positional:
+        return state.statement, state.positional_parameters
+    return state.statement, dict(state.parameters)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS.values(), ids=DIALECTS.keys())
+def test_every_statement_expands_as_sqlalchemy_expands_it(dialect: Dialect) -> None:
+    """Each statement of the module, with lists of 0 to 3 values, twice per
+    shape (the second from the plan) and with other values each time."""
+    for statement in _module_statements():
+        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+        for length in (1, 3, 0, 1):
+            for salt in ("a", "b"):
+                values = _values(compiled, length, salt)
+                assert batch.expand(compiled, values) == _reference(compiled, values), statement
+
+
+@pytest.mark.parametrize("dialect", DIALECTS.values(), ids=DIALECTS.keys())
+@pytest.mark.parametrize("queued", [True, False])
+def test_grants_and_conflict_queries_expand_as_sqlalchemy_expands_them(
+    dialect: Dialect, queued: bool
+) -> None:
+    """The grant and the conflict query of requests of several shapes, each
+    shape planned once and then used for other paths of the same shape."""
+    owner = Owner("node", 1, "t", "key")
+    for exclusive, shared in REQUESTS * 2:
+        for prefix in ("", "/other"):
+            paths = normalize_request(
+                [prefix + path for path in exclusive], [prefix + path for path in shared]
+            )
+            request = GrantRequest(7, "f" * 32, paths, owner, "why", 30.0)
+            values = grant_parameters(request) | {"w_ticket": NO_TICKET, "c_case": False}
+            form = shape(paths)
+            for statement in (
+                grant_statement(form, queued=queued),
+                grant_statement(form, queued=True, sentinel_after=True, handed=queued),
+                blockers_query(form),
+            ):
+                compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+                assert batch.expand(compiled, values) == _reference(compiled, values)
+
+
+def test_a_value_given_replaces_the_statements_own() -> None:
+    """A parameter with a value of its own in the statement (the queue's
+    limit) takes the value given, when one is, as SQLAlchemy's does."""
+    compiled = statements.LIVE_WAITERS.compile(dialect=DIALECTS["pymysql"])
+    _sql, plain = batch.expand(compiled, {"c_id": 1})
+    assert plain["waiters_limit"] == statements.MAX_WAITERS
+    _sql, given = batch.expand(compiled, {"c_id": 1, "waiters_limit": 5})
+    assert given["waiters_limit"] == 5
+    assert given == _reference(compiled, {"c_id": 1, "waiters_limit": 5})[1]
+
+
+def test_a_missing_value_is_an_error_as_before() -> None:
+    compiled = statements.RELEASE.compile(dialect=DIALECTS["pymysql"])
+    batch.expand(compiled, {"c_id": 1, "l_id": "x"})  # planned
+    with pytest.raises(KeyError):
+        batch.expand(compiled, {"c_id": 1})
