@@ -150,6 +150,7 @@ class _Steps:
                 queue=step.queue,
                 patience=step.patience,
                 deadline=step.deadline,
+                first=step.first,
             )
         if isinstance(step, Sleep):
             if self._cancel is None:

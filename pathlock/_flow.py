@@ -92,12 +92,14 @@ class Attempt:
     or :class:`Deadlocked`. ``queue``: a denied attempt queues the request
     (``ticket``: its place already, if any); lost races are retried until the
     monotonic time ``patience``; the database's waits end by ``deadline``
-    (``None``: the call's default)."""
+    (``None``: the call's default). ``first``: the request's first attempt,
+    before which nothing can have been written for its lease."""
 
     ticket: int | None
     queue: bool
     patience: float
     deadline: float | None
+    first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +238,7 @@ class AcquireFlow:
         self.ticket: int | None = None
         """The request's place in the queue, while it has one."""
         self._last: Blocked | None = None
+        self._attempted = False  # set once an attempt has gone out
         self._refresh_due = math.inf
         self._version: int | None = None
         self._next_in_line = False
@@ -272,8 +275,12 @@ class AcquireFlow:
             queue = self._blocking and started < self.deadline
             try_patience = started + self._settings.try_patience
             patience = self.deadline if self._blocking else try_patience
+            attempt = Attempt(
+                self.ticket, queue, patience, self._by(self.ends), first=not self._attempted
+            )
+            self._attempted = True
             try:
-                outcome = yield Attempt(self.ticket, queue, patience, self._by(self.ends))
+                outcome = yield attempt
             except ContentionTimeout:
                 if not self._blocking:
                     raise

@@ -344,7 +344,9 @@ class Store:
             batch.prepare(CLAIM, dialect)
             batch.prepare(grant_statement(form, queued=True), dialect)
             if batch.may_commit(dialect):
-                batch.prepare(grant_statement(form, queued=True, sentinel_after=True), dialect)
+                for fresh in (True, False):
+                    statement = grant_statement(form, queued=True, sentinel_after=True, fresh=fresh)
+                    batch.prepare(statement, dialect)
 
     def try_grant(
         self,
@@ -354,8 +356,11 @@ class Store:
         queue: bool,
         patience: float,
         deadline: float | None = None,
+        first: bool = False,
     ) -> Granted | Blocked | Deadlocked:
-        """One attempt to grant every path of ``request`` at once.
+        """One attempt to grant every path of ``request`` at once (``first``:
+        the request's first, before which no transaction wrote anything for
+        its lease).
 
         ``ticket`` is the request's place in the queue from an earlier attempt
         (``None``: not queued). A denied request with ``queue=True`` and no
@@ -375,7 +380,7 @@ class Store:
                     # With a queue (seen moments ago), the grant in one round
                     # trip is denied: it requires an empty one.
                     if ticket is not None or not self._likely_queued(request.customer_id):
-                        granted = self._grant_in_one(connection, request, ticket)
+                        granted = self._grant_in_one(connection, request, ticket, first=first)
                         if granted is not None:
                             return granted
                     # Denied, or the sentinel row is missing, or the case
@@ -417,12 +422,14 @@ class Store:
         )
 
     def _grant_in_one(
-        self, connection: Connection, request: GrantRequest, ticket: int | None
+        self, connection: Connection, request: GrantRequest, ticket: int | None, *, first: bool
     ) -> Granted | None:
         """The grant in one round trip, its COMMIT included, where nobody is
         in the way and nobody is queued before it (see ``LOCK_SENTINEL`` in
         :mod:`pathlock._statements`); ``None`` if not granted: then nothing
-        was written, and the transaction is over."""
+        was written, and the transaction is over. The ``first`` transaction
+        of a lease need not look for rows of its own (see
+        :func:`grant_statement`)."""
         customer = request.customer_id
         parameters = self._grant_parameters(request, ticket)
         parameters.update(self._tx.claim_parameters(customer))
@@ -430,7 +437,9 @@ class Store:
             (SET_GRANT_UNTIL, self._until()),
             (LOCK_SENTINEL, {"c_id": customer}),
             (
-                grant_statement(shape(request.paths), queued=True, sentinel_after=True),
+                grant_statement(
+                    shape(request.paths), queued=True, sentinel_after=True, fresh=first
+                ),
                 parameters,
             ),
             (CLAIM_IF_GRANTED, self._tx.claim_parameters(customer)),

@@ -466,3 +466,38 @@ def test_an_attempt_of_a_request_handed_shared_paths_takes_them_up_once(
         assert store.could_grant(request, None).free  # a check says: take them up
         store.release(customer_id, request.lease_id, paths=request.paths)
         assert _rows(manager, customer_id) == []
+
+
+def test_only_a_requests_first_attempt_skips_the_look_for_its_own_rows(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The grant of a request's first attempt does not look for rows of its
+    own lease (none can exist yet); every later attempt of a queued request
+    does, since a release may have handed it rows meanwhile."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        firsts: list[bool] = []
+        try_grant = waiter._store.try_grant
+
+        def spied(*args: Any, **kwargs: Any) -> Any:
+            firsts.append(kwargs["first"])
+            return try_grant(*args, **kwargs)
+
+        waiter._store.try_grant = spied  # type: ignore[method-assign]
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        with _waiting(waiter, customer_id, "/a", timeout=10) as got:
+            _queued(holder, customer_id, 1)
+            # Moves the version without a hand-over: the waiter attempts again.
+            with holder.engine.begin() as connection:
+                connection.execute(
+                    text("UPDATE path_lock_waiters SET hand_over_us = NULL WHERE customer_id = :c"),
+                    {"c": customer_id},
+                )
+            lease.release()
+            _wait_until(lambda: "lease" in got or "error" in got)
+        got["lease"].release()
+        assert firsts[0] is True
+        assert len(firsts) >= 2
+        assert not any(firsts[1:])

@@ -132,7 +132,8 @@ def test_an_uncontended_grant_is_one_attempt() -> None:
     run = Run()
     assert run.step == Stop()
     attempt = run.reply(None)
-    assert attempt == Attempt(None, queue=True, patience=1010.0, deadline=1010.0)
+    # The first: no row of the request's lease can exist before it.
+    assert attempt == Attempt(None, queue=True, patience=1010.0, deadline=1010.0, first=True)
     assert run.finish(Granted(42)) == (42, 6000.0, None)  # token, lease clock, ttl
     assert run.flow.leave() is None
     assert run.flow.limit == 1010.0 + run.settings.grace
@@ -147,6 +148,7 @@ def test_a_denied_try_lock_is_not_queued_and_returns_none() -> None:
         queue=False,
         patience=1000.0 + settings.try_patience,
         deadline=1000 + settings.try_time,
+        first=True,
     )
     assert run.finish(blocked(None, 1)) is None
     assert run.flow.limit == 1000.0 + settings.try_time + settings.grace
@@ -154,7 +156,7 @@ def test_a_denied_try_lock_is_not_queued_and_returns_none() -> None:
 
 def test_a_queued_request_attempts_again_when_the_version_moves_and_it_is_next() -> None:
     run = Run()
-    run.reply(None)
+    assert run.reply(None).first  # type: ignore[union-attr]
     place = run.reply(blocked(5, version=1))
     assert place == Place(5, (), new=True)
     assert run.flow.ticket == 5
