@@ -5,8 +5,10 @@ attempt, rows turned into :class:`~pathlock.types.LockInfo` and
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Row
@@ -87,6 +89,22 @@ class Deadlocked:
 
     party: WaiterInfo | None
     held_by: tuple[LockInfo, ...]
+
+
+def item_row(names: Sequence[str], item: str | bytes, **known: Any) -> Any:
+    """A row of a read that returns each row as one JSON array of ``names``
+    (see :func:`pathlock._statements.items`), with ``known`` columns it
+    leaves out: its columns as attributes, as a row has them (times in the
+    server's text form are parsed)."""
+    row = SimpleNamespace(**known, **dict(zip(names, json.loads(item), strict=True)))
+    for name in _TIMES:
+        text = getattr(row, name, None)
+        if isinstance(text, str):
+            setattr(row, name, datetime.fromisoformat(text))
+    return row
+
+
+_TIMES = ("created_at", "expires_at")
 
 
 def as_utc(value: datetime) -> datetime:

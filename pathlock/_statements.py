@@ -29,6 +29,7 @@ from sqlalchemy import (
     Delete,
     Insert,
     Integer,
+    Label,
     Select,
     String,
     Subquery,
@@ -77,6 +78,7 @@ LOCK_COLUMNS = (
     path_locks.c.created_at,
     path_locks.c.expires_at,
 )
+LOCK_ITEM = tuple(column.name for column in LOCK_COLUMNS)
 
 
 def now() -> ColumnElement[datetime]:
@@ -373,13 +375,33 @@ def conflict_parameters(paths: Sequence[PathMode], form: Shape | None = None) ->
     return parameters
 
 
+def items(columns: Sequence[ColumnElement[Any]]) -> Label[Any]:
+    """``columns`` as one JSON array (MySQL, MariaDB), labelled ``item``: for
+    reads whose rows the client parses (see :func:`pathlock._records.item_row`).
+    PyMySQL parses a description of every column in every reply, rows or
+    none, which costs it more than the rows of a short read: a denied
+    attempt's reads described 26 columns."""
+    return func.json_array(*columns).label("item")
+
+
 @functools.lru_cache(maxsize=128)
 def blockers_query(form: Shape) -> CompoundSelect[Any]:
     """Up to :data:`MAX_BLOCKERS` live rows that conflict with a request of
     this :class:`Shape`, each once."""
+    return _blockers(form, *LOCK_COLUMNS)
+
+
+@functools.lru_cache(maxsize=128)
+def blocker_items(form: Shape) -> CompoundSelect[Any]:
+    """:func:`blockers_query` with each row as one JSON array, in
+    :data:`LOCK_ITEM`'s order (see :func:`items`)."""
+    return _blockers(form, items(LOCK_COLUMNS))
+
+
+def _blockers(form: Shape, *columns: Any) -> CompoundSelect[Any]:
     return union(
-        equal_conflicts(form, *LOCK_COLUMNS),
-        below_conflicts(form.exclusive, form.shared, *LOCK_COLUMNS),
+        equal_conflicts(form, *columns),
+        below_conflicts(form.exclusive, form.shared, *columns),
     ).limit(bindparam("blockers_limit", MAX_BLOCKERS, type_=Integer))
 
 
@@ -597,25 +619,25 @@ _HANDED_FOR = (
 )
 # A queued request's check (where a release hands paths over, see
 # HAND_OVER_WAITERS): the version, and the fencing token of the rows a
-# release handed to it, if any, and how long they have left.
-WATCH = select(customer_locks.c.version, OWN_ROWS.scalar_subquery(), _HANDED_FOR).where(
-    customer_locks.c.customer_id == bindparam("c_id")
-)
+# release handed to it, if any, and how long they have left; as one JSON
+# array (see items()): every waiter polls this.
+_WATCHED = (customer_locks.c.version, OWN_ROWS.scalar_subquery(), _HANDED_FOR)
+WATCH = select(items(_WATCHED)).where(customer_locks.c.customer_id == bindparam("c_id"))
 # The same, for a request with older ones ahead of it: also how many of those
 # are still queued (by primary key), so that it judges its place anew only
 # once they have all left.
-WATCH_AHEAD = select(
-    customer_locks.c.version,
-    OWN_ROWS.scalar_subquery(),
-    _HANDED_FOR,
+_AHEAD_LEFT = (
     select(func.count())
     .where(
         path_lock_waiters.c.ticket.in_(bindparam("ahead", expanding=True)),
         path_lock_waiters.c.customer_id == bindparam("c_id"),
         path_lock_waiters.c.expires_at > now(),
     )
-    .scalar_subquery(),
-).where(customer_locks.c.customer_id == bindparam("c_id"))
+    .scalar_subquery()
+)
+WATCH_AHEAD = select(items((*_WATCHED, _AHEAD_LEFT))).where(
+    customer_locks.c.customer_id == bindparam("c_id")
+)
 # Those rows taken up by the request under the sentinel row (locked first, as
 # a renewal does): they expire after the term its queue row recorded unless
 # taken up, and are never extended once expired.
@@ -731,11 +753,19 @@ REFRESH_WAITER = (
 )
 # The requesting owner's live locks: the queue passes over waiters that wait
 # for them, and a cycle through another owner's queued request is a deadlock.
-OWNER_LOCKS = select(path_locks.c.path, path_locks.c.mode).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.owner_key == bindparam("o_key"),
-    path_locks.c.expires_at > now(),
-)
+
+
+def _owner_locks(*columns: Any) -> Select[Any]:
+    return select(*columns).where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.owner_key == bindparam("o_key"),
+        path_locks.c.expires_at > now(),
+    )
+
+
+OWNER_LOCKS = _owner_locks(path_locks.c.path, path_locks.c.mode)
+# The same as one JSON array per row (see items()), for a denied attempt's reads.
+OWNER_LOCK_ITEMS = _owner_locks(items((path_locks.c.path, path_locks.c.mode)))
 
 # Operator clean-up.
 LEASE_CUSTOMER = (
@@ -799,23 +829,30 @@ WAITER_COLUMNS = (
 # How many queued requests one denied attempt reads; per customer the queue is
 # short (a few requests a second), this only bounds a pathological one.
 MAX_WAITERS = 1000
-LIVE_WAITERS = (
-    select(*WAITER_COLUMNS)
-    .where(
-        path_lock_waiters.c.customer_id == bindparam("c_id"),
-        path_lock_waiters.c.expires_at > now(),
+
+
+def _live_waiters(*columns: Any) -> Select[Any]:
+    return (
+        select(*columns)
+        .where(
+            path_lock_waiters.c.customer_id == bindparam("c_id"),
+            path_lock_waiters.c.expires_at > now(),
+        )
+        .order_by(path_lock_waiters.c.ticket)
+        .limit(bindparam("waiters_limit", MAX_WAITERS, type_=Integer))
     )
-    .order_by(path_lock_waiters.c.ticket)
-    .limit(bindparam("waiters_limit", MAX_WAITERS, type_=Integer))
-)
+
+
+LIVE_WAITERS = _live_waiters(*WAITER_COLUMNS)
+WAITER_ITEM = tuple(column.name for column in WAITER_COLUMNS)
+# LIVE_WAITERS with each row as one JSON array, in WAITER_ITEM's order (see items()).
+LIVE_WAITER_ITEMS = _live_waiters(items(WAITER_COLUMNS))
 # How many queued requests a release reads: the head of the queue, to hand its
 # paths to, and whether anyone behind it waited for them.
 HAND_OVER_WAITERS = 16
 # What a release reads of them (see Store.release): the columns of a queue
-# row but the customer's id, in this order, as one JSON array per row. Every
-# column of a result costs the client more to parse (its description comes
-# with every reply, rows or none) than the server to write: one column is
-# what an uncontended release reads.
+# row but the customer's id, in this order, as one JSON array per row (see
+# items()): one column is what an uncontended release reads.
 QUEUE_ITEM = (
     "ticket",
     "lease_id",
@@ -830,7 +867,7 @@ QUEUE_ITEM = (
     "hand_over_us",
 )
 QUEUE_HEAD = (
-    select(func.json_array(*(path_lock_waiters.c[name] for name in QUEUE_ITEM)).label("item"))
+    select(items([path_lock_waiters.c[name] for name in QUEUE_ITEM]))
     .where(
         path_lock_waiters.c.customer_id == bindparam("c_id"),
         path_lock_waiters.c.expires_at > now(),

@@ -27,8 +27,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -44,6 +42,7 @@ from pathlock._records import (
     Outlook,
     Watched,
     grant_parameters,
+    item_row,
     lock_info,
     waiter_info,
     waiter_parameters,
@@ -62,13 +61,16 @@ from pathlock._statements import (
     HAND_OVER_WAITERS,
     HELD,
     LEASE_ALIVE,
+    LIVE_WAITER_ITEMS,
     LIVE_WAITERS,
     LOCK_AND_READ_SENTINEL,
+    LOCK_ITEM,
     LOCK_SENTINEL,
     LOCK_SENTINELS,
     MAX_BLOCKERS,
     NO_TICKET,
     OWN_ROWS,
+    OWNER_LOCK_ITEMS,
     OWNER_LOCKS,
     QUEUE_HEAD,
     QUEUE_ITEM,
@@ -80,8 +82,10 @@ from pathlock._statements import (
     TAKE_UP,
     UNBUMP,
     VERSION,
+    WAITER_ITEM,
     WATCH,
     WATCH_AHEAD,
+    blocker_items,
     blockers_query,
     grant_statement,
     shape,
@@ -169,9 +173,9 @@ class _Picture:
     ) -> list[tuple[Any, dict[str, Any]]]:
         """The reads of a picture, as steps of a batch (:func:`batch.run`)."""
         return [
-            (blockers_query(shape(request.paths)), parameters),
-            (LIVE_WAITERS, parameters),
-            (OWNER_LOCKS, parameters),
+            (blocker_items(shape(request.paths)), parameters),
+            (LIVE_WAITER_ITEMS, parameters),
+            (OWNER_LOCK_ITEMS, parameters),
             (OWN_ROWS, parameters),
         ]
 
@@ -187,8 +191,10 @@ class _Picture:
         """The picture from the replies to :meth:`steps`."""
         found, waiting, owned, own = replies
         owner_locks = _OwnerLocks(connection, parameters)
-        owner_locks.known([(row.path, row.mode) for row in owned.rows])
-        return cls._judge(request, ticket, found.rows, waiting.rows, owner_locks, own=own.rows)
+        owner_locks.known([tuple(json.loads(row.item)) for row in owned.rows])
+        blocking = [item_row(LOCK_ITEM, row.item) for row in found.rows]
+        queue = [item_row(WAITER_ITEM, row.item) for row in waiting.rows]
+        return cls._judge(request, ticket, blocking, queue, owner_locks, own=own.rows)
 
     @classmethod
     def _judge(
@@ -274,22 +280,13 @@ def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
     pathlock cannot read (written by hand) hands nothing over: the version
     moves, and the waiters try for themselves."""
     try:
-        items = [dict(zip(QUEUE_ITEM, json.loads(row.item), strict=True)) for row in rows]
-        waiters = [_queued(customer_id, item) for item in items]
-    except (ValueError, TypeError, KeyError):
+        read = [item_row(QUEUE_ITEM, row.item, customer_id=customer_id) for row in rows]
+        waiters = [waiter_info(row) for row in read]
+    except (ValueError, TypeError):
         log.debug("customer %d: unreadable queued request among %.200r", customer_id, rows)
         return _Queue(version, [], None)
-    term = items[0]["hand_over_us"]
+    term = read[0].hand_over_us
     return _Queue(version, waiters, None if term is None else int(term))
-
-
-def _queued(customer_id: int, item: dict[str, Any]) -> WaiterInfo:
-    """One queued request of a release's read (its times in the server's
-    text form)."""
-    row = SimpleNamespace(**item, customer_id=customer_id)
-    row.created_at = datetime.fromisoformat(item["created_at"])
-    row.expires_at = datetime.fromisoformat(item["expires_at"])
-    return waiter_info(row)  # type: ignore[arg-type]  # a row's attributes
 
 
 class Store:
@@ -757,6 +754,8 @@ class Store:
                         statement = WATCH_AHEAD
                 (read,) = batch.run(connection, [(statement, parameters)], rollback=True)
                 row = read.rows[0] if read.rows else None
+                if row is not None and looked:
+                    row = json.loads(row.item)  # WATCH's and WATCH_AHEAD's one column
             else:
                 row = connection.execute(VERSION, parameters).first()
                 connection.rollback()
