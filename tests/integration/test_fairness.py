@@ -533,9 +533,9 @@ def test_a_waiter_watches_with_plain_reads_between_attempts(
     version_reads = [
         s
         for s in statements
-        if s.lstrip().upper().startswith(
-            ("SELECT CUSTOMER_LOCKS.VERSION", "SELECT JSON_ARRAY(CUSTOMER_LOCKS.VERSION")
-        )
+        if s.lstrip()
+        .upper()
+        .startswith(("SELECT CUSTOMER_LOCKS.VERSION", "SELECT JSON_ARRAY(CUSTOMER_LOCKS.VERSION"))
     ]
     # Attempts: the first, one per recheck, the last at the deadline, leaving
     # the queue; polling at the policy's 10 ms would have made about 200.
