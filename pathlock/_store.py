@@ -275,7 +275,7 @@ def _well_formed(paths: Sequence[PathMode]) -> bool:
 
 
 def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
-    """What a release read: the version its sentinel write read, and the
+    """What a release read: the version its lock of the sentinel row read, the
     oldest queued requests (``QUEUE_HEAD``'s rows, each a JSON array). A row
     pathlock cannot read (written by hand) hands nothing over: the version
     moves, and the waiters try for themselves."""
