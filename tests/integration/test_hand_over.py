@@ -79,6 +79,17 @@ def _queued(manager: PathLockManager, customer_id: int, count: int, seconds: flo
     _wait_until(lambda: len(manager.list_waiters(customer_id)) == count, seconds)
 
 
+def _as_if_queued_by_an_older_pathlock(manager: PathLockManager, customer_id: int) -> None:
+    """The customer's queue rows without ``hand_over_us``, as a pathlock
+    older than revision 0006 writes them: releases hand them nothing and
+    move the version instead."""
+    with manager.engine.begin() as connection:
+        connection.execute(
+            text("UPDATE path_lock_waiters SET hand_over_us = NULL WHERE customer_id = :c"),
+            {"c": customer_id},
+        )
+
+
 def _queue(store: Store, customer_id: int, paths: tuple[PathMode, ...]) -> tuple[GrantRequest, int]:
     """A request of ``paths`` that an attempt through ``store`` queued (something
     must be in its way), and its ticket."""
@@ -281,11 +292,7 @@ def test_requests_queued_by_an_older_pathlock_are_not_handed_paths(
         handed = _calls(waiter._store, "take_up")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
             _queued(holder, customer_id, 1)
-            with holder.engine.begin() as connection:
-                connection.execute(
-                    text("UPDATE path_lock_waiters SET hand_over_us = NULL WHERE customer_id = :c"),
-                    {"c": customer_id},
-                )
+            _as_if_queued_by_an_older_pathlock(holder, customer_id)
             version = _version(holder, customer_id)
             lease.release()
             assert _version(holder, customer_id) == version + 1
@@ -490,11 +497,7 @@ def test_only_a_requests_first_attempt_skips_the_look_for_its_own_rows(
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
             _queued(holder, customer_id, 1)
             # Moves the version without a hand-over: the waiter attempts again.
-            with holder.engine.begin() as connection:
-                connection.execute(
-                    text("UPDATE path_lock_waiters SET hand_over_us = NULL WHERE customer_id = :c"),
-                    {"c": customer_id},
-                )
+            _as_if_queued_by_an_older_pathlock(holder, customer_id)
             lease.release()
             _wait_until(lambda: "lease" in got or "error" in got)
         got["lease"].release()
