@@ -405,7 +405,10 @@ class AcquireFlow:
         have all left: then it is likely next)."""
         left = watched.ahead_left
         moved = watched.version != self._version
-        self._moved_to(watched.version)
+        # Two or more older requests still queued: the move is one of theirs
+        # (releases hand the paths to them), and this request's turn is no
+        # nearer than one hand-over away: no reason to look sooner.
+        self._moved_to(watched.version, soon=left is None or left <= 1)
         if left == 0:
             return _JUDGE
         if not moved and before_recheck:
@@ -469,8 +472,8 @@ class AcquireFlow:
         yield Place(None, (), False)
         return None
 
-    def _moved_to(self, version: int) -> None:
+    def _moved_to(self, version: int, *, soon: bool = True) -> None:
         if version != self._version:
-            if self._version is not None:
+            if self._version is not None and soon:
                 self._delays.reset()  # the queue is moving
             self._version = version

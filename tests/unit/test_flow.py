@@ -291,8 +291,11 @@ def test_a_release_in_this_process_may_have_handed_its_paths_over() -> None:
 
 def test_a_request_behind_others_judges_once_they_have_left() -> None:
     """Where releases hand paths over, a move of the version while older
-    requests that go first are still queued is theirs: no judging then. Once
-    they have all left, the request judges its place (it is likely next)."""
+    requests that go first are still queued is theirs: no judging then, and
+    while two or more are left no sooner look either (the policy's gaps go
+    on growing); with one left, the checks start over from the shortest gap.
+    Once they have all left, the request judges its place (it is likely
+    next)."""
     run = Run(handed_over=True)
     run.reply(None)
     run.reply(blocked(9, version=1, ahead=(waiter(4), waiter(6))))
@@ -300,12 +303,15 @@ def test_a_request_behind_others_judges_once_they_have_left() -> None:
     run.clock.time += 0.01
     run.reply(False)
     assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(4, 6))
-    # Moved, but both still queued: sleep on.
+    # Moved, but both still queued: sleep on, the gaps not started over.
     assert isinstance(run.reply(Watched(2, None, 2, looked=True)), Sleep)
+    assert run.delays.resets == 0
     run.clock.time += 0.01
     run.reply(False)
     run.reply(False)
+    # Moved again, one left: this request is one hand-over from its turn.
     assert isinstance(run.reply(Watched(3, None, 1, looked=True)), Sleep)
+    assert run.delays.resets == 1
     run.clock.time += 0.01
     run.reply(False)
     run.reply(False)
