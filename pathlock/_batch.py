@@ -231,14 +231,15 @@ def _compose(
 
 class _Plan(NamedTuple):
     """A compiled statement expanded for values of one shape (the length of
-    each list it expands): its SQL, and where each of the driver's
-    parameters comes from, in the driver's order: ``(name, given name,
-    index)``, the index in the given list, or ``_VALUE`` for the value
-    itself, or ``_DEFAULT`` for the value or else the statement's own
-    (``defaults``)."""
+    each list it expands): its SQL, the names of the driver's parameters in
+    the driver's order (``outs``), and where each comes from (``sources``):
+    ``(given name, index)``, the index in the given list, or ``_VALUE`` for
+    the value itself, or ``_DEFAULT`` for the value or else the statement's
+    own (``defaults``)."""
 
     sql: str
-    sources: tuple[tuple[str, str, int], ...]
+    outs: tuple[str, ...]
+    sources: tuple[tuple[str, int], ...]
     defaults: dict[str, Any]
 
 
@@ -253,8 +254,8 @@ _PLANS_KEPT = 1024
 
 
 def expand(compiled: SQLCompiler, values: dict[str, Any]) -> tuple[str, Any]:
-    """``compiled``'s SQL and its parameters for ``values`` (a dict, or a
-    tuple in the order of a positional paramstyle): what
+    """``compiled``'s SQL and its parameters for ``values`` (a dict, or for a
+    positional paramstyle a tuple in order): what
     :meth:`SQLCompiler.construct_expanded_state` returns (without type
     processing, as before), from a plan made once per statement and shape.
     SQLAlchemy rewrites the SQL of a statement with lists on every call
@@ -277,23 +278,15 @@ def expand(compiled: SQLCompiler, values: dict[str, Any]) -> tuple[str, Any]:
             _EXPANDING[compiled] = expanding
         plan = _PLANS[key] = _plan(compiled, values)
     defaults = plan.defaults
-    if compiled.positional:
-        return plan.sql, tuple(
-            values[name]
-            if index == _VALUE
-            else values[name][index]
-            if index >= 0
-            else values.get(name, defaults[name])
-            for _out, name, index in plan.sources
-        )
-    return plan.sql, {
-        out: values[name]
+    given = tuple(
+        values[name]
         if index == _VALUE
         else values[name][index]
         if index >= 0
         else values.get(name, defaults[name])
-        for out, name, index in plan.sources
-    }
+        for name, index in plan.sources
+    )
+    return plan.sql, given if compiled.positional else dict(zip(plan.outs, given, strict=True))
 
 
 def _expanding(compiled: SQLCompiler) -> tuple[str, ...] | None:
@@ -315,17 +308,17 @@ def _plan(compiled: SQLCompiler, values: dict[str, Any]) -> _Plan:
         for name, outs in state.parameter_expansion.items()
         for index, out in enumerate(outs)
     }
-    names = state.positiontup if state.positiontup is not None else list(state.parameters)
-    sources: list[tuple[str, str, int]] = []
+    outs = tuple(state.positiontup if state.positiontup is not None else state.parameters)
+    sources: list[tuple[str, int]] = []
     defaults: dict[str, Any] = {}
-    for out in names:
+    for out in outs:
         name, index = origin.get(out, (out, _VALUE))
         bind = compiled.binds[name]
         if index == _VALUE and not bind.required:
             index = _DEFAULT
             defaults[name] = bind.effective_value
-        sources.append((out, name, index))
-    return _Plan(state.statement, tuple(sources), defaults)
+        sources.append((name, index))
+    return _Plan(state.statement, outs, tuple(sources), defaults)
 
 
 def _ended(connection: Connection, end: Callable[[], None]) -> None:

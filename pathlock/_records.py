@@ -91,6 +91,9 @@ class Deadlocked:
     held_by: tuple[LockInfo, ...]
 
 
+_TIMES = ("created_at", "expires_at")
+
+
 def item_row(names: Sequence[str], item: str | bytes, **known: Any) -> Any:
     """A row of a read that returns each row as one JSON array of ``names``
     (see :func:`pathlock._statements.items`), with ``known`` columns it
@@ -102,9 +105,6 @@ def item_row(names: Sequence[str], item: str | bytes, **known: Any) -> Any:
         if isinstance(text, str):
             setattr(row, name, datetime.fromisoformat(text))
     return row
-
-
-_TIMES = ("created_at", "expires_at")
 
 
 def as_utc(value: datetime) -> datetime:
