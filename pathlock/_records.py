@@ -94,12 +94,11 @@ class Deadlocked:
 _TIMES = ("created_at", "expires_at")
 
 
-def item_row(names: Sequence[str], item: str | bytes, **known: Any) -> Any:
+def item_row(names: Sequence[str], item: str | bytes) -> Any:
     """A row of a read that returns each row as one JSON array of ``names``
-    (see :func:`pathlock._statements.items`), with ``known`` columns it
-    leaves out: its columns as attributes, as a row has them (times in the
-    server's text form are parsed)."""
-    row = SimpleNamespace(**known, **dict(zip(names, json.loads(item), strict=True)))
+    (see :func:`pathlock._statements.items`): its columns as attributes, as
+    a row has them (times in the server's text form are parsed)."""
+    row = SimpleNamespace(**dict(zip(names, json.loads(item), strict=True)))
     for name in _TIMES:
         text = getattr(row, name, None)
         if isinstance(text, str):

@@ -850,24 +850,13 @@ LIVE_WAITER_ITEMS = _live_waiters(items(WAITER_COLUMNS))
 # How many queued requests a release reads: the head of the queue, to hand its
 # paths to, and whether anyone behind it waited for them.
 HAND_OVER_WAITERS = 16
-# What a release reads of them (see Store.release): the columns of a queue
-# row but the customer's id, in this order, as one JSON array per row (see
-# items()): one column is what an uncontended release reads.
-QUEUE_ITEM = (
-    "ticket",
-    "lease_id",
-    "paths",
-    "node_id",
-    "pid",
-    "thread",
-    "owner_key",
-    "reason",
-    "created_at",
-    "expires_at",
-    "hand_over_us",
-)
+# What a release reads of them (see Store.release): a queue row's columns in
+# this order, as one JSON array per row (see items()): one column is what an
+# uncontended release reads.
+_QUEUE_COLUMNS = (*WAITER_COLUMNS, path_lock_waiters.c.hand_over_us)
+QUEUE_ITEM = tuple(column.name for column in _QUEUE_COLUMNS)
 QUEUE_HEAD = (
-    select(items([path_lock_waiters.c[name] for name in QUEUE_ITEM]))
+    select(items(_QUEUE_COLUMNS))
     .where(
         path_lock_waiters.c.customer_id == bindparam("c_id"),
         path_lock_waiters.c.expires_at > now(),

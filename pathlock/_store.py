@@ -280,7 +280,7 @@ def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
     pathlock cannot read (written by hand) hands nothing over: the version
     moves, and the waiters try for themselves."""
     try:
-        read = [item_row(QUEUE_ITEM, row.item, customer_id=customer_id) for row in rows]
+        read = [item_row(QUEUE_ITEM, row.item) for row in rows]
         waiters = [waiter_info(row) for row in read]
     except (ValueError, TypeError):
         log.debug("customer %d: unreadable queued request among %.200r", customer_id, rows)
