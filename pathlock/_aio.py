@@ -9,12 +9,14 @@ loop as a coroutine (``await_only``). Three kinds of wait exist, and each has
 its asyncio form here:
 
 - a transaction's attempt (:meth:`LoopRunner.attempt`): the statements go
-  through the asyncio driver (asyncmy, aiosqlite), under an
-  ``asyncio.timeout`` that ends the attempt by its deadline, as the socket
-  timeouts of :mod:`pathlock._deadlines` do for PyMySQL; or, on an engine of
-  a synchronous driver (SQLite's, see :attr:`Dialect.async_on_threads`), the
-  whole attempt runs on a worker thread, bounded as in the synchronous API,
-  and the loop awaits its end;
+  through the asyncio driver (asyncmy, aiosqlite), each awaited by the
+  request's own task, under a timer that ends the attempt by its deadline, as
+  the socket timeouts of :mod:`pathlock._deadlines` do for PyMySQL; a
+  cancellation of the request waits for the attempt's end
+  (:meth:`LoopRunner.cancel`); or, on an engine of a synchronous driver
+  (SQLite's, see :attr:`Dialect.async_on_threads`), the whole attempt runs on
+  a worker thread, bounded as in the synchronous API, and the loop awaits its
+  end;
 - the pause between two attempts (:meth:`LoopRunner.sleep`): ``asyncio.sleep``;
 - a waiting request's sleep (:class:`LoopWaker`): an ``asyncio.Event`` that a
   release of another task (or thread) sets.
@@ -40,6 +42,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -51,7 +54,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from pathlock import _deadlines as deadlines
 from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
 from pathlock._routing import Node
-from pathlock._transactions import THREAD, AttemptFailed, attempt_once
+from pathlock._transactions import THREAD
 from pathlock.clock import Clock
 from pathlock.dialects.base import is_async
 from pathlock.errors import BackendError
@@ -165,6 +168,7 @@ class LoopRunner:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers_lock = threading.Lock()
+        self._attempting: dict[asyncio.Task[Any], _Attempting] = {}
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -178,14 +182,31 @@ class LoopRunner:
         *,
         read_only: bool,
     ) -> tuple[T, bool]:
+        in_task = in_greenlet()
         if not is_async(node.engine):
-            if not in_greenlet():
+            if not in_task:
                 # A background thread of the manager: nothing to hand over.
                 return THREAD.attempt(node, operation, number, ends, read_only=read_only)
             coroutine = self._on_thread(node, operation, number, ends, read_only)
+        elif in_task:
+            return self._in_task(node, operation, number, ends, read_only)
         else:
-            coroutine = self._attempt(node, operation, number, ends, read_only)
+            coroutine = self._for_thread(node, operation, number, ends, read_only)
         return wait(self.loop, coroutine, seconds=max(0.0, ends - time.monotonic()))
+
+    def cancel(self, task: asyncio.Task[Any]) -> None:
+        """Cancel ``task`` (a request's): at once, or, while it is in the
+        middle of an attempt on the loop, as soon as that attempt is over.
+        Cut short, the attempt would drop its connection with a query on its
+        way (a COMMIT, or a release's statements with theirs) that could land
+        after whatever the task does next to undo the attempt (delete its
+        rows by lease id). The attempt ends within its own time: done, or
+        never to be."""
+        attempting = self._attempting.get(task)
+        if attempting is None:
+            task.cancel()
+        else:
+            attempting.cancelled = True
 
     def run_blocking(self, function: Callable[[], T]) -> Coroutine[Any, Any, T]:
         """``function`` (which may use a synchronous driver's engine
@@ -251,51 +272,90 @@ class LoopRunner:
         """A waiting request's sleep (:class:`pathlock.waiting.Waker`)."""
         return LoopWaker(self)
 
-    @staticmethod
-    async def _attempt(
+    def _in_task(
+        self,
         node: Node,
         operation: Callable[[Connection, int], T],
         number: int,
         ends: float,
         read_only: bool,
     ) -> tuple[T, bool]:
-        # The limit is this task's context, which the attempt's task copies
-        # and its greenlet shares: the engine's commit listener marks it (see
-        # watch_commits).
-        async with deadlines.limit(ends) as limit:
-            seconds = ends - time.monotonic()
+        """An attempt on an engine of an asyncio driver, in the greenlet of
+        the calling task: every driver call is awaited by the task itself,
+        under a timer that cancels the task by ``ends`` (as socket timeouts
+        end an attempt in the synchronous API; the connection is dropped).
+        A cancellation asked for meanwhile (:meth:`cancel`) waits for the
+        attempt's end."""
+        task = asyncio.current_task()
+        if task is None or self.loop is None:  # pragma: no cover - in_greenlet() said so
+            raise RuntimeError("an attempt in a greenlet outside a task")
+        attempting = self._attempting[task] = _Attempting(task)
+        seconds = ends - time.monotonic()
+        timer = (
+            None
+            if math.isinf(seconds)
+            else self.loop.call_later(max(seconds, 0.0), attempting.expire)
+        )
 
-            async def bounded() -> T:
-                async with asyncio.timeout(None if seconds == float("inf") else max(seconds, 0.0)):
-                    return await spawn(
-                        attempt_once,
-                        node,
-                        operation,
-                        number,
-                        read_only=read_only,
-                        # Tasks interleave on one thread: nothing to hold back.
-                        guard=contextlib.nullcontext,
-                    )
+        def cut_off(error: BaseException) -> SQLAlchemyError | None:
+            if not (attempting.expired and isinstance(error, asyncio.CancelledError)):
+                return None
+            task.uncancel()
+            return _timed_out(seconds)
 
-            attempt = asyncio.ensure_future(bounded())
-            try:
-                result = await asyncio.shield(attempt)
-            except asyncio.CancelledError:
-                # The caller's task was cancelled while the attempt was under
-                # way. Dropping the connection now would leave a query on its
-                # way (a COMMIT, or a release's statements with theirs) that
-                # could land after whatever the caller does next to undo the
-                # attempt (delete its rows by lease id). The attempt runs to
-                # its end first (within its own time), so that it is done, or
-                # never will be.
-                attempt.add_done_callback(_retrieved)
-                await asyncio.wait([attempt])
-                raise
-            except TimeoutError as error:
-                raise AttemptFailed(_timed_out(seconds), limit.commit_unanswered) from error
-            except SQLAlchemyError as error:
-                raise AttemptFailed(error, limit.commit_unanswered) from error
-            return result, limit.commit_unanswered
+        try:
+            return THREAD.attempt(
+                node,
+                operation,
+                number,
+                ends,
+                read_only=read_only,
+                # Tasks interleave on one thread: nothing to hold back.
+                guard=contextlib.nullcontext,
+                cut_off=cut_off,
+            )
+        finally:
+            if timer is not None:
+                timer.cancel()
+            del self._attempting[task]
+            if attempting.cancelled:
+                raise asyncio.CancelledError  # the caller's cancellation wins over any outcome
+
+    async def _for_thread(
+        self,
+        node: Node,
+        operation: Callable[[Connection, int], T],
+        number: int,
+        ends: float,
+        read_only: bool,
+    ) -> tuple[T, bool]:
+        """An attempt on an engine of an asyncio driver for a background
+        thread of the manager: in a task of its own, which runs to its end
+        even if the thread stops waiting."""
+        attempt = asyncio.ensure_future(
+            spawn(self._in_task, node, operation, number, ends, read_only)
+        )
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            attempt.add_done_callback(_retrieved)
+            await asyncio.wait([attempt])
+            raise
+
+
+class _Attempting:
+    """An attempt under way in a task's greenlet (:meth:`LoopRunner._in_task`)."""
+
+    __slots__ = ("cancelled", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.expired = False  # its time ran out: the timer cancelled the task
+        self.cancelled = False  # the task is to be cancelled once it is over
+
+    def expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
 
 
 _MADE: contextvars.ContextVar[_Made] = contextvars.ContextVar("pathlock_attempt_on_a_thread")

@@ -159,13 +159,24 @@ class _ThreadRunner:
         ends: float,
         *,
         read_only: bool,
+        guard: Callable[[], AbstractContextManager[object]] = interrupts.held_back,
+        cut_off: Callable[[BaseException], SQLAlchemyError | None] | None = None,
     ) -> tuple[T, bool]:
+        """``guard``: see :func:`attempt_once`. ``cut_off``: for an exception
+        that is no database error, the error of an attempt that ran out of
+        time if that is what it means (the asyncio API's timer), else
+        ``None``."""
 
         def bounded(limit: deadlines.Limit) -> tuple[T, bool]:
             try:
-                result = attempt_once(node, operation, number, read_only=read_only)
+                result = attempt_once(node, operation, number, read_only=read_only, guard=guard)
             except SQLAlchemyError as error:
                 raise AttemptFailed(error, limit.commit_unanswered) from error
+            except BaseException as error:
+                failed = None if cut_off is None else cut_off(error)
+                if failed is None:
+                    raise
+                raise AttemptFailed(failed, limit.commit_unanswered) from error
             return result, limit.commit_unanswered
 
         return deadlines.within(ends, bounded)
@@ -174,7 +185,7 @@ class _ThreadRunner:
         time.sleep(seconds)
 
 
-THREAD: Runner = _ThreadRunner()
+THREAD = _ThreadRunner()
 
 
 class Transactions:

@@ -355,7 +355,7 @@ class AsyncPathLockManager:
         (the cancellation came after the grant) is released. Whatever is not
         done in time, the manager finishes."""
         ends = time.monotonic() + self._core.settings.resolve_time
-        request.cancel()
+        self._core._loop_runner.cancel(request)
         await asyncio.wait([request], timeout=self._core.settings.resolve_time)
         if not request.done():
             request.add_done_callback(self._release_orphan)

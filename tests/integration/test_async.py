@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, func, make_url, select, text
+from sqlalchemy import Connection, Engine, create_engine, event, func, make_url, select, text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -196,6 +196,44 @@ def test_a_request_cancelled_at_any_step_leaves_nothing_behind(
             await lease.release()
 
     run(main)
+
+
+@pytest.mark.parametrize("steps", range(1, 41))
+def test_a_cancellation_lets_the_attempt_under_way_finish(
+    mariadb_url: str, customer_id: int, steps: int
+) -> None:
+    """Through an asyncio driver every statement of an attempt is awaited on
+    the loop. A request cancelled while one is on its way must not drop the
+    connection under it (a COMMIT could land after the request undid its
+    grant): the attempt finishes, then the cancellation takes effect. So no
+    connection is discarded and none opened anew, whichever pass of the loop
+    the cancellation comes in (cut short, the attempt's connection would be
+    dropped, and the next transaction would connect again)."""
+    raw = create_engine(mariadb_url)
+
+    async def main() -> None:
+        async with _manager(mariadb_url) as manager:
+            locks = manager.for_customer(customer_id)
+            await (await locks.lock_paths("/warm")).release()  # one connection in the pool
+            opened: list[object] = []
+            event.listen(manager._core.engine, "connect", lambda *_: opened.append(None))
+            request = asyncio.create_task(_lock(locks, "/a", "/b", shared=["/c"]))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            request.cancel()
+            try:
+                lease = await request
+            except asyncio.CancelledError:
+                pass
+            else:  # granted before the cancellation came
+                await lease.release()
+            assert opened == []
+            assert _rows(raw, customer_id) == (0, 0)
+
+    try:
+        run(main)
+    finally:
+        raw.dispose()
 
 
 def test_an_attempt_left_waiting_for_the_file_by_a_cancelled_task_grants_nothing(
