@@ -22,6 +22,10 @@ that never answers, or a row lock held by a client that froze mid-transaction
 costs an attempt no more than its limit, at no cost in round trips. A socket
 timeout drops the connection (PyMySQL closes it; SQLAlchemy invalidates it),
 so it never goes back to the pool.
+
+The wait for a connection of a full pool keeps to the same limit
+(:func:`bounded_pool`): threads stuck in transactions on a frozen
+customer's row must not make every other call wait the pool's own timeout.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import pymysql.connections
+from sqlalchemy.pool import AsyncAdaptedQueuePool, Pool, QueuePool
 
 SHORTEST_WAIT = 0.001
 """Seconds a socket may wait once the limit has passed: a socket timeout of 0
@@ -160,3 +165,45 @@ class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
         super().commit()
         if current is not None:
             current.commit_unanswered = False
+
+
+class _BoundedCheckout:
+    """A queue pool whose wait for a free connection (``timeout``, read by
+    SQLAlchemy as ``_timeout`` at every checkout that must wait) ends with
+    the current limit."""
+
+    _configured_timeout: float
+
+    @property
+    def _timeout(self) -> float:
+        left = time_left(self._configured_timeout)
+        return self._configured_timeout if left is None else left
+
+    @_timeout.setter
+    def _timeout(self, value: float) -> None:
+        self._configured_timeout = value
+
+
+class _BoundedQueuePool(_BoundedCheckout, QueuePool):
+    pass
+
+
+class _BoundedAsyncAdaptedQueuePool(_BoundedCheckout, AsyncAdaptedQueuePool):
+    pass
+
+
+_BOUNDED: dict[type[Pool], type[Pool]] = {
+    QueuePool: _BoundedQueuePool,
+    AsyncAdaptedQueuePool: _BoundedAsyncAdaptedQueuePool,
+}
+
+
+def bounded_pool(pool_class: type[Pool]) -> type[Pool]:
+    """The pool class to use instead of ``pool_class`` (SQLAlchemy's default
+    for an engine pathlock creates): one whose wait for a free connection
+    ends with the current limit. SQLAlchemy's queue pools, the default for
+    every database pathlock supports, wait their ``pool_timeout`` (30 s)
+    whatever the caller's ``timeout``, so threads stuck in transactions on a
+    frozen customer's row would make every other call wait that long. Any
+    other kind of pool is kept."""
+    return _BOUNDED.get(pool_class, pool_class)

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
@@ -304,6 +305,16 @@ class Transactions:
             except AttemptFailed as failed:
                 tries.unanswered = failed.unanswered
                 error = failed.error
+                if isinstance(error, PoolTimeout):
+                    # The wait for a connection ends with the call's time
+                    # (pathlock._deadlines.bounded_pool), or the pool's own.
+                    raise DatabaseTimeout(
+                        action,
+                        error,
+                        "every connection of the pool was in use: other calls wait for the"
+                        " database; a bigger pool (engine_options pool_size, max_overflow)"
+                        " helps if they are many and the database keeps up",
+                    ) from error
                 if not isinstance(error, DBAPIError):
                     raise BackendError(action, error) from error
                 if not self.dialect.is_transient(error):

@@ -15,6 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeEngine
 
+from pathlock import _deadlines as deadlines
 from pathlock.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -334,8 +335,15 @@ def is_async(engine: Engine) -> bool:
 def new_engine(url: URL, **options: Any) -> Engine:
     """``create_engine(url, **options)``; for an asyncio driver, the
     synchronous face of a new :class:`~sqlalchemy.ext.asyncio.AsyncEngine`,
-    which pathlock's code runs inside greenlets (see :mod:`pathlock._aio`)."""
-    if url.get_driver_name() in ASYNC_DRIVERS:
+    which pathlock's code runs inside greenlets (see :mod:`pathlock._aio`).
+    Unless ``options`` choose the pool, its wait for a free connection ends
+    with the call's time limit (:func:`pathlock._deadlines.bounded_pool`)."""
+    asynchronous = url.get_driver_name() in ASYNC_DRIVERS
+    if "poolclass" not in options and "pool" not in options:
+        dialect: Any = url.get_dialect(_is_async=asynchronous)
+        default = dialect.get_pool_class(url)
+        options["poolclass"] = deadlines.bounded_pool(default)
+    if asynchronous:
         from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415 - greenlet
 
         return create_async_engine(url, **options).sync_engine
