@@ -32,9 +32,9 @@ from sqlalchemy import URL, Engine, inspect, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import dialects
+from pathlock._owners import process_user
 from pathlock._routing import node_name
 from pathlock.dialects.base import ASYNC_DRIVERS, is_async
-from pathlock.dialects.sqlite import user_name
 from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
 from pathlock.schema import REVISION, VERSION_TABLE
 from pathlock.settings import DEFAULT, Settings
@@ -72,7 +72,7 @@ def default_database() -> DefaultDatabase:
     files = f"no {SYSTEM_CONFIG}" if named is None else f"${CONFIG_ENV_VAR} empty"
     return DefaultDatabase(
         f"sqlite:///{default_sqlite_path()}",
-        f"the embedded default of user {user_name()} (no ${URL_ENV_VAR}, {files})",
+        f"the embedded default of user {process_user()} (no ${URL_ENV_VAR}, {files})",
     )
 
 

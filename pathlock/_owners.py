@@ -12,6 +12,7 @@ task's).
 from __future__ import annotations
 
 import asyncio
+import getpass
 import hashlib
 import itertools
 import os
@@ -31,6 +32,27 @@ _threads = threading.local()
 # id is never given to another task.
 _tasks: weakref.WeakKeyDictionary[asyncio.Task[object], str] = weakref.WeakKeyDictionary()
 _tasks_lock = threading.Lock()
+
+
+def process_user() -> str:
+    """The user this process runs as, for messages and the log of who asked
+    for an operator's release: its real uid's account name (``uid N`` for a
+    uid without one, as in many containers), and, for root started through
+    sudo, who ran sudo. Never ``$USER`` or ``$LOGNAME`` alone: they say
+    whatever the caller set."""
+    try:
+        import pwd  # noqa: PLC0415 - POSIX only
+    except ImportError:  # pragma: no cover - Windows has no uids
+        return getpass.getuser()
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    sudo = os.environ.get("SUDO_USER", "")
+    if uid == 0 and sudo and sudo != name:
+        return f"{name} (through sudo, by {sudo})"
+    return name
 
 
 def new_identity() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import getpass
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ from pathlock._backends import (
     open_engine,
     upgrade_on_open,
 )
+from pathlock._owners import process_user
 from pathlock._statements import now
 from pathlock.bench.stats import count
 from pathlock.cli import listing
@@ -192,11 +192,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _requested_by() -> str:
-    try:
-        user = getpass.getuser()
-    except (OSError, KeyError):  # no login name and no passwd entry (containers)
-        user = f"uid {os.getuid()}"
-    return f"{user} on {socket.gethostname()}"
+    return f"{process_user()} on {socket.gethostname()}"
 
 
 def _release(args: argparse.Namespace) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import stat
 import time
@@ -16,6 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.types import TypeEngine
 
+from pathlock._owners import process_user
 from pathlock.dialects.base import READ_ONLY, Dialect, Fenced, Now, NowPlus, new_engine
 from pathlock.errors import BackendError, InvalidArgument, PathLockError
 
@@ -119,7 +119,7 @@ def _prepare_sqlite_file(path: Path) -> None:
         "every process that uses the file must be able to write to it and to its "
         "directory: see 'Several users, one host' in docs/CLI.md"
     )
-    problem = PermissionError(f"user {user_name()} cannot write {path} or its directory")
+    problem = PermissionError(f"user {process_user()} cannot write {path} or its directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
@@ -222,14 +222,6 @@ def _sqlite_begin(connection: Any) -> None:
     # need no lock: under WAL they read a snapshot and block no writer.
     read_only = connection.get_execution_options().get(READ_ONLY, False)
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-
-def user_name() -> str:
-    """The user this process runs as, for messages."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # a uid with no name (containers)
-        return str(os.getuid())
 
 
 @compiles(Now, "sqlite")

@@ -10,9 +10,9 @@ they saw), so the test reads what the child saw without sharing its pipes.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
+import pwd
 import re
 import secrets
 import shlex
@@ -526,11 +526,22 @@ def test_release_of_a_lease_deletes_it_and_says_who_asked(
 ) -> None:
     with PathLockManager(database_url, node_id="test-cli-holder", heartbeat=False) as holder:
         lease = holder.for_customer(customer_id).lock_paths("/hung/job", "/hung/other")
-        result = pathlock("release", "--database-url", database_url, lease.lease_id)
+        # Who asked is the account the command runs as, whatever the
+        # environment claims.
+        result = pathlock(
+            "release",
+            "--database-url",
+            database_url,
+            lease.lease_id,
+            USER="mallory",
+            LOGNAME="mallory",
+            SUDO_USER="",
+        )
         assert result.returncode == 0, result.stderr
+        user = pwd.getpwuid(os.getuid()).pw_name
         assert (
             f"released 2 paths of lease {lease.lease_id} (customer {customer_id}), "
-            f"requested by {getpass.getuser()} on {socket.gethostname()}\n"
+            f"requested by {user} on {socket.gethostname()}\n"
         ) in result.stderr
         assert _rows(raw_engine, customer_id) == []
 
