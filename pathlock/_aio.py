@@ -290,6 +290,7 @@ class LoopRunner:
         if task is None or self.loop is None:  # pragma: no cover - in_greenlet() said so
             raise RuntimeError("an attempt in a greenlet outside a task")
         attempting = self._attempting[task] = _Attempting(task)
+        cancelling = task.cancelling()  # cancellations asked for before this attempt
         seconds = ends - time.monotonic()
         timer = (
             None
@@ -300,7 +301,10 @@ class LoopRunner:
         def cut_off(error: BaseException) -> SQLAlchemyError | None:
             if not (attempting.expired and isinstance(error, asyncio.CancelledError)):
                 return None
-            task.uncancel()
+            # The timer's cancellation, unless another one came meanwhile (as
+            # asyncio.timeout decides): that one stands.
+            if task.uncancel() > cancelling:
+                return None
             return _timed_out(seconds)
 
         try:
