@@ -202,7 +202,9 @@ def test_a_user_who_cannot_write_the_file_is_told_what_to_fix(shared_directory: 
     # Outside the group: cannot even reach the file.
     stranger = Child(STRANGER, STRANGER, _open)
     try:
-        with pytest.raises(BackendError, match=r"user \S+ cannot write .*locks\.sqlite3") as caught:
+        with pytest.raises(
+            BackendError, match=r"user (uid )?\S+ cannot write .*locks\.sqlite3"
+        ) as caught:
             stranger.result()
     finally:
         stranger.close()
@@ -212,7 +214,7 @@ def test_a_user_who_cannot_write_the_file_is_told_what_to_fix(shared_directory: 
     database.chmod(0o644)
     cron = Child(CRON, GROUP, _open)
     try:
-        with pytest.raises(BackendError, match=r"user \S+ cannot write .*locks\.sqlite3"):
+        with pytest.raises(BackendError, match=r"user (uid )?\S+ cannot write .*locks\.sqlite3"):
             cron.result()
     finally:
         cron.close()
