@@ -33,13 +33,20 @@ def _example(name: str, url: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType
     return module
 
 
-def _held_for(database_url: str, customer_id: int, path: str, seconds: float) -> threading.Thread:
-    """``path`` held by another process's manager for ``seconds``."""
+def _held_for(
+    database_url: str,
+    customer_id: int,
+    path: str,
+    seconds: float,
+    done: threading.Event | None = None,
+) -> threading.Thread:
+    """``path`` held by another process's manager for ``seconds``, or until
+    ``done`` is set."""
     manager = PathLockManager(database_url, node_id="elsewhere")
     lease = manager.for_customer(customer_id).lock_paths(path)
 
     def release() -> None:
-        threading.Event().wait(seconds)
+        (done or threading.Event()).wait(seconds)
         lease.release()
         manager.close()
 
@@ -73,10 +80,14 @@ def test_the_aiohttp_example(
         async with AiohttpClient(TestServer(example.create_app())) as client:
             answer = await client.post("/move", json=body)
             assert answer.status == 200, await answer.text()
+            done = threading.Event()  # held 7 s at most, released once the 409 is in
             holder = await asyncio.to_thread(
-                _held_for, database_url, customer_id, "/Shared/a/x", 7.0
+                _held_for, database_url, customer_id, "/Shared/a/x", 7.0, done
             )
-            answer = await client.post("/move", json=body)  # gives up after 5 s
+            try:
+                answer = await client.post("/move", json=body)  # gives up after 5 s
+            finally:
+                done.set()
             assert answer.status == 409
             assert (await answer.json())["busy"] == ["/Shared/a/x"]
             await asyncio.to_thread(holder.join)

@@ -38,7 +38,7 @@ rows); once the workers are gone, ``settle`` finds nothing left behind.
 Every test prints its figures to stderr (``-s`` shows them) and leaves the
 cluster healthy (``healthy_cluster`` repairs it otherwise). Sizes:
 ``PATHLOCK_CLUSTER_FAULT_WORKERS`` (default 6) and
-``PATHLOCK_CLUSTER_FAULT_SECONDS`` (the fault-free run, default 15).
+``PATHLOCK_CLUSTER_FAULT_SECONDS`` (the fault-free run, default 8).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ from tests.integration.test_stress import SEED
 pytestmark = pytest.mark.cluster
 
 WORKERS = int(os.environ.get("PATHLOCK_CLUSTER_FAULT_WORKERS", "6"))
-RUN = float(os.environ.get("PATHLOCK_CLUSTER_FAULT_SECONDS", "15"))
+RUN = float(os.environ.get("PATHLOCK_CLUSTER_FAULT_SECONDS", "8"))
 # Long enough to ride out the cluster's eviction stall (about 6.3 s): a lease
 # is renewed every ttl/3 (5 s) and declared lost at ttl - ttl/10 (13.5 s)
 # without a renewal, so a renewal held up by the stall still lands in time
@@ -286,6 +286,15 @@ def _local_commits(cluster: galera_cluster.GaleraCluster, index: int) -> int:
     return int(cluster.status(index)["wsrep_local_commits"])
 
 
+def _until_served(cluster: galera_cluster.GaleraCluster, index: int, since: int) -> None:
+    """Wait until clients commit through node ``index`` again (more than
+    ``since`` commits since it started), at most ``AFTER_REJOIN`` seconds:
+    they try it first again once their set-aside has passed."""
+    deadline = time.monotonic() + AFTER_REJOIN
+    while _local_commits(cluster, index) <= since and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 _COUNTERS = ("wsrep_local_commits", "wsrep_local_cert_failures", "wsrep_local_bf_aborts")
 
 
@@ -412,16 +421,18 @@ def test_workload_over_three_nodes(
 
 
 KILLED = 1  # node 2: the monitor and settle read through node 1
-DOWN = 3.0  # seconds the node stays down once evicted
-AFTER_REJOIN = 8.0  # > set_aside: traffic goes back to the rejoined node
+DOWN = 1.5  # seconds the node stays down once evicted
+# > set_aside: traffic goes back to the rejoined node within this many seconds.
+AFTER_REJOIN = 8.0
 
 
 @pytest.mark.timeout(180)
 def test_a_node_crashes_and_restarts_under_load(
     healthy_cluster: galera_cluster.GaleraCluster, tmp_path: Path
 ) -> None:
-    """Node 2 is SIGKILLed in the middle of the workload, stays down a few
-    seconds after its eviction, and is restarted (it rejoins by IST)."""
+    """Node 2 is SIGKILLed in the middle of the workload, stays down
+    ``DOWN`` seconds after its eviction, and is restarted (it rejoins by
+    IST); the test goes on until clients commit through it again."""
     cluster = healthy_cluster
     assert Settings().set_aside < AFTER_REJOIN
     commits: dict[str, int] = {}
@@ -439,7 +450,8 @@ def test_a_node_crashes_and_restarts_under_load(
         cluster.restart(KILLED, WRITE_TIMEOUT)
         marks["up"] = time.monotonic()
         commits["up"] = _local_commits(cluster, KILLED)
-        time.sleep(AFTER_REJOIN)
+        _until_served(cluster, KILLED, commits["up"])
+        marks["served"] = time.monotonic()
         commits["end"] = _local_commits(cluster, KILLED)
 
     out = run_workload(
@@ -467,7 +479,8 @@ def test_a_node_crashes_and_restarts_under_load(
         f"first grant after the kill: any worker {_seconds(out.first_grant_after(marks['kill']))}, "
         f"its workers {_seconds(out.first_grant_after(marks['kill'], first_node=KILLED))}; "
         f"grants by its workers while it was down {while_down}; grants after it rejoined "
-        f"{after_rejoin}, commits through it then {served}; the test's own leases (renewal "
+        f"{after_rejoin}, commits through it {served} (the first after "
+        f"{marks['served'] - marks['up']:.2f} s); the test's own leases (renewal "
         f"due {held.granted + LONG_TTL / 3 - marks['kill']:.1f} s after the kill) lost {lost}; "
         f"the workers' leases held across the stall {kept}, lost {out.tally.lost}; "
         f"errors during the stall "
@@ -501,9 +514,9 @@ def test_a_node_crashes_and_restarts_under_load(
 
 SURVIVOR = 0
 LOST = (1, 2)
-NON_PRIMARY_FOR = 3.0  # seconds the survivor stays non-Primary before the bootstrap
-ALONE_FOR = 4.0  # seconds of workload on the bootstrapped survivor alone
-AFTER_HEAL = 3.0
+NON_PRIMARY_FOR = 2.0  # seconds the survivor stays non-Primary before the bootstrap
+ALONE_FOR = 2.0  # seconds of workload on the bootstrapped survivor alone
+AFTER_HEAL = 1.5  # seconds of workload once the crashed nodes have rejoined
 
 
 @pytest.mark.timeout(240)
@@ -621,7 +634,8 @@ def test_a_node_cut_off_and_reconnected_under_load(
         cluster.wait_all_synced(WRITE_TIMEOUT)
         marks["synced"] = time.monotonic()
         commits["synced"] = _local_commits(cluster, ISOLATED)
-        time.sleep(AFTER_REJOIN)
+        _until_served(cluster, ISOLATED, commits["synced"])
+        marks["served"] = time.monotonic()
         commits["end"] = _local_commits(cluster, ISOLATED)
 
     out = run_workload(
@@ -651,7 +665,8 @@ def test_a_node_cut_off_and_reconnected_under_load(
         f"after the cut: any worker {_seconds(out.first_grant_after(marks['isolate']))}, its "
         f"workers {_seconds(out.first_grant_after(marks['isolate'], first_node=ISOLATED))}; "
         f"grants by its workers while it was cut off {cut_off}; grants after it rejoined "
-        f"{after}, commits through it then {served}; the test's own leases (renewal due "
+        f"{after}, commits through it {served} (the first after "
+        f"{marks['served'] - marks['synced']:.2f} s); the test's own leases (renewal due "
         f"{held.granted + LONG_TTL / 3 - marks['isolate']:.1f} s after the cut) lost {lost}; "
         f"the workers' leases held across the stall {kept}, lost {out.tally.lost}; "
         f"errors during the stall "

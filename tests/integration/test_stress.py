@@ -12,8 +12,9 @@ definition of overlapping paths and conflicting modes.
 Workers are started with the "spawn" start method and build their own
 PathLockManager inside the child: nothing (engines, connections) crosses a fork.
 
-The tree test's CI size is 8 workers x 500 operations (4,000); ``pytest
---soak`` runs 8 x 12,500 (100,000). Sizes are also tunable through environment
+The tree test's CI size is 8 workers x 250 operations (2,000), the counter
+test's 8 x 40 grants; ``pytest --soak`` runs the tree test at 8 x 12,500
+(100,000). Sizes are also tunable through environment
 variables: ``PATHLOCK_STRESS_OPS`` (operations per worker of the tree test),
 ``PATHLOCK_STRESS_COUNTER_OPS`` (grants per worker of the counter test),
 ``PATHLOCK_STRESS_WORKERS`` and ``PATHLOCK_STRESS_SEED`` (to replay a run).
@@ -46,9 +47,9 @@ from sqlalchemy import Engine, text
 from pathlock import CustomerLocks, Lease, LockTimeout, PathLockManager
 
 WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "8"))
-TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "500"))
+TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "250"))
 SOAK_OPS = 12_500  # per worker with --soak: 100,000 operations in all
-COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "80"))
+COUNTER_OPS = int(os.environ.get("PATHLOCK_STRESS_COUNTER_OPS", "40"))
 SEED = int(os.environ.get("PATHLOCK_STRESS_SEED", str(secrets.randbelow(2**32))))
 
 # A small tree, so requests collide often, with traps: "/ab" and "/a/b/c%" share
@@ -483,8 +484,9 @@ def test_no_conflicting_holds_overlap(
     assert_safe([Hold.from_record(record) for record in records])
     assert remaining_rows(raw_engine, customer_id) == 0
 
-    # The run must have meant something: enough grants, and real contention.
-    assert len(records) >= min(1000, WORKERS * tree_ops // 3)
+    # The run must have meant something: enough grants (a third of the
+    # operations are granted, and a quarter at least), and real contention.
+    assert len(records) >= min(1000, WORKERS * tree_ops // 4)
     assert totals["try_none"] + totals["blocking_waited"] + totals["timeouts"] > 0
     if tree_ops >= 100:  # tiny runs may by chance never wait
         assert totals["try_none"] > 0

@@ -49,13 +49,15 @@ tasks x 6 requests on MariaDB: about 480 grants in 30 s with pauses of up to
 from the background within about a second, but every queued request still
 retries on every grant and release of the customer. The pauses keep the load
 below that cliff, so that the test is about safety and clean-up, not
-throughput.
+throughput (with pauses of up to 7 s, 5 to 13 of the 300 requests of a run
+timed out on either backend).
 
-Sizes: the CI size is 4 x 25 tasks x 3 requests (300 requests, about 30 s
-per backend); ``pytest --soak`` runs 4 x 25 x 200 (20,000 requests, what the
-pauses allow within the soak timeout). ``PATHLOCK_ASYNC_STRESS_OPS`` sets the
-requests per task, ``PATHLOCK_ASYNC_STRESS_THINK`` the longest pause,
-``PATHLOCK_STRESS_SEED`` replays a run's choices (not its timing).
+Sizes: the CI size is 4 x 25 tasks x 3 requests (300 requests, pauses of up
+to 7 s, about 20 s per backend); ``pytest --soak`` runs 4 x 25 x 200 (20,000
+requests, what the pauses allow within the soak timeout).
+``PATHLOCK_ASYNC_STRESS_OPS`` sets the requests per task,
+``PATHLOCK_ASYNC_STRESS_THINK`` the longest pause, ``PATHLOCK_STRESS_SEED``
+replays a run's choices (not its timing).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ PROCESSES = 4
 TASKS = 25  # per process, each making its requests one after another
 OPS = int(os.environ.get("PATHLOCK_ASYNC_STRESS_OPS", "3"))  # requests per task
 SOAK_OPS = 200  # per task with --soak: 20,000 requests in all
-THINK = float(os.environ.get("PATHLOCK_ASYNC_STRESS_THINK", "10"))  # seconds, see above
+THINK = float(os.environ.get("PATHLOCK_ASYNC_STRESS_THINK", "7"))  # seconds, see above
 JOIN_TIMEOUT = 240.0  # seconds for the processes to finish, within the test's timeout
 SOAK_JOIN_TIMEOUT = 3000.0
 

@@ -61,7 +61,7 @@ from tests.integration.test_stress import (
 )
 
 WORKERS = int(os.environ.get("PATHLOCK_HOSTILE_WORKERS", "2"))
-OPS = int(os.environ.get("PATHLOCK_HOSTILE_OPS", "120"))
+OPS = int(os.environ.get("PATHLOCK_HOSTILE_OPS", "60"))
 CHILDREN = 2  # forked by each worker
 POOL_THREADS = 3  # per child, besides its main thread
 INTERRUPT_WITHIN = 0.006  # seconds: the timer fires this long after a request begins, at most
