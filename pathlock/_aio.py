@@ -305,7 +305,7 @@ class LoopRunner:
             # asyncio.timeout decides): that one stands.
             if task.uncancel() > cancelling:
                 return None
-            return _timed_out(seconds)
+            return _timed_out(max(seconds, 0.0))
 
         try:
             return THREAD.attempt(
