@@ -165,6 +165,21 @@ def test_asyncio_timeout_works_like_timeout(
     run(main)
 
 
+async def _cancelled_after(locks: Any, steps: int) -> None:
+    """A request of ``/a``, ``/b`` and shared ``/c``, cancelled after
+    ``steps`` passes of the loop; a lease granted before the cancellation
+    came is an ordinary one, and released."""
+    request = asyncio.create_task(_lock(locks, "/a", "/b", shared=["/c"]))
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    request.cancel()
+    try:
+        lease = await request
+    except asyncio.CancelledError:
+        return
+    await lease.release()
+
+
 @pytest.mark.parametrize("steps", range(0, 60, 3))
 def test_a_request_cancelled_at_any_step_leaves_nothing_behind(
     database_url: str, customer_id: int, raw_engine: Engine, steps: int
@@ -176,16 +191,7 @@ def test_a_request_cancelled_at_any_step_leaves_nothing_behind(
     async def main() -> None:
         async with _manager(database_url) as manager:
             locks = manager.for_customer(customer_id)
-            request = asyncio.create_task(_lock(locks, "/a", "/b", shared=["/c"]))
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            request.cancel()
-            try:
-                lease = await request
-            except asyncio.CancelledError:
-                pass
-            else:  # granted before the cancellation came: an ordinary lease
-                await lease.release()
+            await _cancelled_after(locks, steps)
             assert _rows(raw_engine, customer_id) == (0, 0)
 
             async def other() -> AsyncLease | None:
@@ -217,16 +223,7 @@ def test_a_cancellation_lets_the_attempt_under_way_finish(
             await (await locks.lock_paths("/warm")).release()  # one connection in the pool
             opened: list[object] = []
             event.listen(manager._core.engine, "connect", lambda *_: opened.append(None))
-            request = asyncio.create_task(_lock(locks, "/a", "/b", shared=["/c"]))
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            request.cancel()
-            try:
-                lease = await request
-            except asyncio.CancelledError:
-                pass
-            else:  # granted before the cancellation came
-                await lease.release()
+            await _cancelled_after(locks, steps)
             assert opened == []
             assert _rows(raw, customer_id) == (0, 0)
 
