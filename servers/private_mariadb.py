@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
+import re
 import shutil
 import signal
 import socket
@@ -48,6 +50,8 @@ SERVER_OPTIONS = (
 )
 
 _PR_SET_PDEATHSIG = 1
+# An error line of the server's log, or of a script it ran (WSREP_SST).
+_ERROR_LINE = re.compile(r"\[ERROR\]")
 
 
 def _binaries() -> tuple[str | None, str | None]:
@@ -72,11 +76,50 @@ def missing() -> str | None:
     return None
 
 
+# Where free_port() looks when the kernel's ephemeral range cannot be read.
+_EPHEMERAL_DEFAULT = (32768, 60999)
+# The lowest port free_port() hands out: above the well-known and most
+# registered services' ports.
+_LOWEST_PORT = 10000
+# Ports free_port() has handed out in this process: free when picked, but maybe
+# not bound yet by whoever asked, so a bind test alone would not see them.
+_handed_out: set[int] = set()
+_random = random.Random()  # noqa: S311 - spreads test ports, no secret
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port nothing is bound to right now, outside the kernel's
+    ephemeral range, and not handed out before by this process.
+
+    Outside the ephemeral range, because the kernel gives its ports to every
+    outgoing connection: a port picked there (a bind to port 0 picks there)
+    may be the local end of some client's connection by the time a server is
+    told to listen on it. A Galera joiner's rsync daemon that finds its port
+    so taken exits, and the joiner aborts its state transfer.
+    """
+    low, high = _ephemeral_range()
+    candidates = [
+        port
+        for port in range(_LOWEST_PORT, 65536)
+        if not low <= port <= high and port not in _handed_out
+    ]
+    for port in _random.sample(candidates, min(len(candidates), 200)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port outside the ephemeral range {low}-{high}")
 
 
 # Looked up here, in the parent: the forked child only calls it (no dlopen, no
@@ -273,9 +316,19 @@ class PrivateMariaDB:
         return self.process is not None and self.process.poll() is None
 
     def error_log_tail(self, characters: int = 3000) -> str:
+        """The last ``characters`` of the error log, after the errors logged
+        before them (the state transfer script's, say: the last lines of a
+        failed start are only the shutdown that followed)."""
         if not self.error_log.exists():
             return "(no error log)"
-        return self.error_log.read_text(encoding="utf-8", errors="replace")[-characters:]
+        text = self.error_log.read_text(encoding="utf-8", errors="replace")
+        tail = text[-characters:]
+        earlier = [
+            line for line in text[: len(text) - len(tail)].splitlines() if _ERROR_LINE.search(line)
+        ]
+        if not earlier:
+            return tail
+        return "errors logged before:\n" + "\n".join(earlier[-20:]) + "\n...\n" + tail
 
     # -- internals -------------------------------------------------------------
 
