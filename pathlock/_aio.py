@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from pathlock import _deadlines as deadlines
 from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
@@ -142,6 +143,15 @@ class _TimedOut(Exception):
         super().__init__(
             2013, f"Lost connection to server during query (timed out after {seconds:.3g} s)"
         )
+
+
+def _pool_timed_out(seconds: float) -> PoolTimeout:
+    """The error of an attempt whose time ran out while it waited for a
+    connection of a full pool: the one the pool raises when its own wait
+    ends."""
+    return PoolTimeout(
+        f"no connection of the pool came free within the attempt's time ({seconds:.3g} s)"
+    )
 
 
 def _timed_out(seconds: float) -> OperationalError:
@@ -305,6 +315,10 @@ class LoopRunner:
             # asyncio.timeout decides): that one stands.
             if task.uncancel() > cancelling:
                 return None
+            if not attempting.connected:
+                # Still waiting for a connection of a full pool: the wait the
+                # pool would have ended at the same moment (bounded_pool).
+                return _pool_timed_out(max(seconds, 0.0))
             return _timed_out(max(seconds, 0.0))
 
         try:
@@ -317,6 +331,7 @@ class LoopRunner:
                 # Tasks interleave on one thread: nothing to hold back.
                 guard=contextlib.nullcontext,
                 cut_off=cut_off,
+                connected=attempting.connect,
             )
         finally:
             if timer is not None:
@@ -350,12 +365,16 @@ class LoopRunner:
 class _Attempting:
     """An attempt under way in a task's greenlet (:meth:`LoopRunner._in_task`)."""
 
-    __slots__ = ("cancelled", "expired", "task")
+    __slots__ = ("cancelled", "connected", "expired", "task")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
         self.expired = False  # its time ran out: the timer cancelled the task
         self.cancelled = False  # the task is to be cancelled once it is over
+        self.connected = False  # the pool gave it a connection
+
+    def connect(self) -> None:
+        self.connected = True
 
     def expire(self) -> None:
         self.expired = True

@@ -162,15 +162,18 @@ class _ThreadRunner:
         read_only: bool,
         guard: Callable[[], AbstractContextManager[object]] = interrupts.held_back,
         cut_off: Callable[[BaseException], SQLAlchemyError | None] | None = None,
+        connected: Callable[[], None] | None = None,
     ) -> tuple[T, bool]:
-        """``guard``: see :func:`attempt_once`. ``cut_off``: for an exception
-        that is no database error, the error of an attempt that ran out of
-        time if that is what it means (the asyncio API's timer), else
-        ``None``."""
+        """``guard`` and ``connected``: see :func:`attempt_once`. ``cut_off``:
+        for an exception that is no database error, the error of an attempt
+        that ran out of time if that is what it means (the asyncio API's
+        timer), else ``None``."""
 
         def bounded(limit: deadlines.Limit) -> tuple[T, bool]:
             try:
-                result = attempt_once(node, operation, number, read_only=read_only, guard=guard)
+                result = attempt_once(
+                    node, operation, number, read_only=read_only, guard=guard, connected=connected
+                )
             except SQLAlchemyError as error:
                 raise AttemptFailed(error, limit.commit_unanswered) from error
             except BaseException as error:
@@ -488,11 +491,13 @@ def attempt_once(
     *,
     read_only: bool,
     guard: Callable[[], AbstractContextManager[object]] = interrupts.held_back,
+    connected: Callable[[], None] | None = None,
 ) -> T:
     """Run ``operation(connection, attempt)`` on a connection of ``node``'s
     pool; ``guard`` is held around taking and returning the connection (see
     :mod:`pathlock._interrupts`; the asyncio API, whose tasks interleave on
-    one thread, holds nothing)."""
+    one thread, holds nothing); ``connected`` is called once the pool gave a
+    connection."""
     # Whether the connection may go back to the pool: only when the operation
     # ended its transaction itself, or failed with a database error that left
     # the protocol in step. Anything else (an interrupt such as Ctrl-C or an
@@ -508,6 +513,8 @@ def attempt_once(
         # (opening a connection stays interruptible: see dialects/mysql.py).
         with guard():
             connection = node.engine.connect()
+        if connected is not None:
+            connected()
         node.dialect.before_transaction(connection, deadlines.ceiling())
         if read_only:
             connection.execution_options(**{READ_ONLY: True})

@@ -131,6 +131,8 @@ def test_an_asyncio_request_waits_for_a_connection_no_longer_than_its_timeout(
             return took, raised
 
     took, raised = asyncio.run(main())
-    # The attempt's own timer ends the wait (by the time the pool would).
+    # The attempt's own timer ends the wait (by the time the pool would), and
+    # says what the pool would have said: no connection came free.
     assert took < 0.5 + SLACK, f"waited {took:.2f} s for a connection"
     assert raised.unanswered
+    assert _pool_timed_out(raised)
