@@ -29,7 +29,7 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Insert, Select, Table, insert
+from sqlalchemy import Insert, Select, Table
 from sqlalchemy.types import TypeEngine
 
 from pathlock.dialects.base import (
@@ -37,6 +37,7 @@ from pathlock.dialects.base import (
     READ_ONLY,
     Dialect,
     Fenced,
+    InsertIfAbsent,
     Now,
     NowPlus,
     families,
@@ -84,11 +85,13 @@ else:
 
 def insert_if_absent(table: Table) -> Insert:
     """An INSERT into ``table`` that skips a row whose key exists, spelled for
-    every family."""
-    statement = insert(table)
+    every family (its prefix here, its clause after the values when compiled:
+    :class:`~pathlock.dialects.base.InsertIfAbsent`)."""
+    statement: Insert = InsertIfAbsent(table)
     for each in families():
-        for name in each.names:
-            statement = statement.prefix_with(each.insert_if_absent, dialect=name)
+        if each.insert_if_absent:
+            for name in each.names:
+                statement = statement.prefix_with(each.insert_if_absent, dialect=name)
     return statement
 
 

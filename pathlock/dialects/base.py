@@ -8,7 +8,7 @@ from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from sqlalchemy import URL, BigInteger, Connection, DateTime, Engine, create_engine
+from sqlalchemy import URL, BigInteger, Connection, DateTime, Engine, Insert, create_engine
 from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
 from sqlalchemy.exc import CompileError, DBAPIError
 from sqlalchemy.ext.compiler import compiles
@@ -69,6 +69,26 @@ def _unspelled(element: FunctionElement[Any], compiler: Any, **_kw: Any) -> str:
     )
 
 
+class InsertIfAbsent(Insert):
+    """An INSERT that skips a row whose key exists already, spelled by each
+    family: its :attr:`Dialect.insert_if_absent` prefix (given by
+    :func:`pathlock.dialects.insert_if_absent`) and its
+    :attr:`Dialect.insert_if_absent_clause` after the values."""
+
+    inherit_cache = True
+
+
+@compiles(InsertIfAbsent)
+def _insert_if_absent(element: InsertIfAbsent, compiler: Any, **kw: Any) -> str:
+    sql: str = compiler.visit_insert(element, **kw)
+    each = family(compiler.dialect.name)
+    clause = "" if each is None else each.insert_if_absent_clause
+    if not clause:
+        return sql
+    key = next(iter(element.table.primary_key.columns))  # type: ignore[attr-defined]
+    return f"{sql} {clause.format(key=compiler.preparer.quote(key.name))}"
+
+
 # What a family must set: the class attributes without a default.
 _NO_DEFAULT = ("token_from_reply", "insert_if_absent")
 
@@ -108,7 +128,13 @@ class Dialect:
     (``cursor.lastrowid``), or a SELECT must read it."""
 
     insert_if_absent: ClassVar[str]
-    """The INSERT prefix that skips a row whose key exists already."""
+    """The INSERT prefix that skips a row whose key exists already (``""``:
+    none, the clause below does it)."""
+
+    insert_if_absent_clause: ClassVar[str] = ""
+    """The clause after an INSERT's values that skips a row whose key exists
+    already (``{key}`` stands for the table's key column, quoted), where the
+    prefix does not do it; ``""``: none."""
 
     several_nodes: ClassVar[bool] = False
     """Whether several databases may be the nodes of one cluster."""

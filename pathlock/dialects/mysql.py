@@ -126,7 +126,10 @@ def _create_table(element: CreateTable, compiler: DDLCompiler, **kw: Any) -> str
 class MySQL(Dialect):
     names = _NAMES
     token_from_reply = True
-    insert_if_absent = "IGNORE"
+    # Not INSERT IGNORE: that answers an existing key with a warning, which
+    # asyncmy fetches in a round trip of its own and logs as a WARNING.
+    insert_if_absent = ""
+    insert_if_absent_clause = "ON DUPLICATE KEY UPDATE {key} = {key}"
     async_driver = "asyncmy"
     async_drivers = frozenset({"asyncmy", "aiomysql"})
     several_nodes = True

@@ -8,6 +8,7 @@ ones check the embedded backend's own failure modes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -33,7 +34,7 @@ from pathlock import (
 from pathlock import _backends as backends
 from pathlock import _batch as batch
 from pathlock._backends import CONFIG_ENV_VAR, URL_ENV_VAR
-from pathlock._statements import BUMP
+from pathlock._statements import BUMP, CREATE_SENTINEL
 from pathlock.schema import REVISION, customer_locks, path_lock_waiters, path_locks
 
 
@@ -492,3 +493,43 @@ def test_the_configuration_file_names_the_default_database(
     monkeypatch.setenv(CONFIG_ENV_VAR, str(moved))
     with PathLockManager(heartbeat=False) as manager:
         assert manager.engine.url.database == str(tmp_path / "variable.sqlite3")
+
+
+def test_a_customer_row_created_twice_warns_nobody(
+    mariadb_url: str, customer_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two clients that use a customer for the first time at once both create
+    # its sentinel row; the second finds it there. With INSERT IGNORE the
+    # server answered that with a "Duplicate entry" warning, which asyncmy
+    # fetches in a round trip of its own and logs as a WARNING of the app's.
+    engine = create_engine(mariadb_url)
+    try:
+        with engine.connect() as connection:
+            for _ in range(2):
+                connection.execute(CREATE_SENTINEL, {"c_id": customer_id})
+                warnings = connection.exec_driver_sql("SHOW WARNINGS").all()
+                assert warnings == []
+            connection.commit()
+            rows = connection.execute(
+                select(func.count()).where(customer_locks.c.customer_id == customer_id)
+            ).scalar_one()
+            assert rows == 1
+    finally:
+        engine.dispose()
+
+    async def twice_through_asyncmy() -> None:
+        from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415
+
+        url = make_url(mariadb_url).set(drivername="mysql+asyncmy")
+        engine = create_async_engine(url)
+        try:
+            async with engine.connect() as connection:
+                for _ in range(2):
+                    await connection.execute(CREATE_SENTINEL, {"c_id": customer_id + 1})
+                await connection.commit()
+        finally:
+            await engine.dispose()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(twice_through_asyncmy())
+    assert [record.getMessage() for record in caplog.records] == []
