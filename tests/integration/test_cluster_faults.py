@@ -295,6 +295,20 @@ def _until_served(cluster: galera_cluster.GaleraCluster, index: int, since: int)
         time.sleep(0.1)
 
 
+def _until_granted(out_dir: Path, since: float) -> None:
+    """Wait until a worker records a grant that began after the monotonic
+    time ``since``, at most ``AFTER_REJOIN`` seconds (the workers' files are
+    written line by line as they go)."""
+    deadline = time.monotonic() + AFTER_REJOIN
+    while time.monotonic() < deadline:
+        for path in out_dir.glob("worker-*.jsonl"):
+            if any(
+                event["ev"] == "grant" and event["t_start"] > since for event in read_events(path)
+            ):
+                return
+        time.sleep(0.1)
+
+
 _COUNTERS = ("wsrep_local_commits", "wsrep_local_cert_failures", "wsrep_local_bf_aborts")
 
 
@@ -637,6 +651,10 @@ def test_a_node_cut_off_and_reconnected_under_load(
         _until_served(cluster, ISOLATED, commits["synced"])
         marks["served"] = time.monotonic()
         commits["end"] = _local_commits(cluster, ISOLATED)
+        # The workload goes on until someone is granted again: a commit
+        # through the node may be a renewal, and on a slow machine the
+        # requests that spanned the stall were still timing out by then.
+        _until_granted(tmp_path, marks["synced"])
 
     out = run_workload(
         cluster,
