@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
@@ -323,6 +324,11 @@ class Store:
     def _likely_queued(self, customer_id: int) -> bool:
         seen = self._queued.get(customer_id)
         return seen is not None and time.monotonic() - seen < QUEUED_FOR
+
+    def tables_missing(self, error: BackendError) -> bool:
+        """Whether ``error`` says pathlock's tables are missing."""
+        cause = error.cause
+        return isinstance(cause, DBAPIError) and self.dialect.is_missing_table(cause)
 
     @property
     def hands_over(self) -> bool:

@@ -820,6 +820,8 @@ class PathLockManager:
                 )
                 return lease  # noqa: TRY300 - see above
             except (BackendError, LockTimeout) as error:
+                if isinstance(error, BackendError) and self._store.tables_missing(error):
+                    raise  # without the tables nothing can have been granted
                 if isinstance(error, BackendError) or error.contended or error.unanswered:
                     # An attempt whose COMMIT went out but whose reply never
                     # came may have granted the rows after all, and no later
