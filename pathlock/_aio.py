@@ -315,7 +315,7 @@ class LoopRunner:
             # asyncio.timeout decides): that one stands.
             if task.uncancel() > cancelling:
                 return None
-            if not attempting.connected:
+            if attempting.waiting_for_pool:
                 # Still waiting for a connection of a full pool: the wait the
                 # pool would have ended at the same moment (bounded_pool).
                 return _pool_timed_out(max(seconds, 0.0))
@@ -331,7 +331,7 @@ class LoopRunner:
                 # Tasks interleave on one thread: nothing to hold back.
                 guard=contextlib.nullcontext,
                 cut_off=cut_off,
-                connected=attempting.connect,
+                connected=attempting.stop_waiting_for_pool,
             )
         finally:
             if timer is not None:
@@ -365,16 +365,17 @@ class LoopRunner:
 class _Attempting:
     """An attempt under way in a task's greenlet (:meth:`LoopRunner._in_task`)."""
 
-    __slots__ = ("cancelled", "connected", "expired", "task")
+    __slots__ = ("cancelled", "expired", "task", "waiting_for_pool")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
         self.expired = False  # its time ran out: the timer cancelled the task
         self.cancelled = False  # the task is to be cancelled once it is over
-        self.connected = False  # the pool gave it a connection
+        # Until the pool gives it a connection, or opens a new one for it.
+        self.waiting_for_pool = True
 
-    def connect(self) -> None:
-        self.connected = True
+    def stop_waiting_for_pool(self) -> None:
+        self.waiting_for_pool = False
 
     def expire(self) -> None:
         self.expired = True
@@ -421,6 +422,20 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
     is not reported as never retrieved."""
     if not future.cancelled() and future.exception() is not None:
         log.debug("an attempt of a cancelled task failed", exc_info=future.exception())
+
+
+def watch_connects(engine: Engine, runner: LoopRunner) -> None:
+    """Note on the attempt under way in a task when ``engine``'s pool opens a
+    new connection for it, rather than wait for one to come free: if its time
+    runs out now, the database did not answer, the pool was not full."""
+
+    def connecting(*_args: Any) -> None:
+        task = asyncio.current_task() if _running_loop() is not None else None
+        attempting = None if task is None else runner._attempting.get(task)
+        if attempting is not None:
+            attempting.stop_waiting_for_pool()
+
+    event.listen(engine, "do_connect", connecting)
 
 
 def watch_commits(engine: Engine) -> None:

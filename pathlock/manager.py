@@ -340,11 +340,16 @@ class PathLockManager:
         if not self._asynchronous:
             self._open()
             return
-        from pathlock._aio import watch_cancellations, watch_commits  # noqa: PLC0415
+        from pathlock._aio import (  # noqa: PLC0415
+            watch_cancellations,
+            watch_commits,
+            watch_connects,
+        )
 
         for engine in engines:
             if is_async(engine):
                 watch_commits(engine)
+                watch_connects(engine, self._loop_runner)
             else:  # a synchronous driver's, whose attempts run on threads
                 watch_cancellations(engine)
 
