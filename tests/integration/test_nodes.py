@@ -568,7 +568,9 @@ def test_start_reaper_reaps_in_the_background_until_close(
     customer_id = tidy[0]
     before = set(threading.enumerate())
     node = _random_node("reaper")
-    manager = PathLockManager(database_url, node_id=node, ttl=1.0)
+    # Renewed every second beside the reaper's runs; 3 s, not less: a loaded
+    # machine delayed a renewal of a 1 s lease past its 0.9 s margin.
+    manager = PathLockManager(database_url, node_id=node, ttl=3.0)
     try:
         _within(HANG, "start_reaper()", lambda: manager.start_reaper(interval=0.2, batch_size=50))
     except BaseException:
@@ -582,7 +584,7 @@ def test_start_reaper_reaps_in_the_background_until_close(
             _within(HANG, "a second start_reaper()", lambda: manager.start_reaper(interval=0.2))
         lease = manager.for_customer(customer_id).lock_paths("/busy")  # starts the heartbeat
         _expired_row_is_reaped(manager, raw_engine, customer_id, "/stale")
-        lease.ensure_held()
+        lease.ensure_held(verify=True)  # renewed, and its row left alone by the reaper
         started = {thread.name for thread in _new_threads(before)}
         assert f"pathlock-heartbeat-{node}" in started
     finally:
