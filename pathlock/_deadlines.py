@@ -58,6 +58,7 @@ class Limit:
     failure, the transaction may or may not have been committed."""
 
 
+_monotonic = time.monotonic
 _current: ContextVar[Limit | None] = ContextVar("pathlock_limit", default=None)
 
 T = TypeVar("T")
@@ -111,13 +112,17 @@ def time_left(configured: float | None) -> float | None:
     """Seconds a wait may take now: ``configured`` (``None``: no timeout of
     its own), shortened to the time left under the current limit."""
     current = _current.get()
-    if current is None or math.isinf(current.ends):
+    if current is None:
+        return configured
+    ends = current.ends
+    if ends == math.inf:
         return configured
     # Rounded up to the next 10 ms: PyMySQL calls settimeout() only when the
     # value changes, and a value that changes on every packet would cost a
-    # system call per packet.
-    left = max(math.ceil((current.ends - time.monotonic()) * 100) / 100, SHORTEST_WAIT)
-    return left if configured is None else min(configured, left)
+    # system call per packet. (PyMySQL asks before every packet, twice: this
+    # is on the hot path, hence no calls of math's functions.)
+    left = max(-((_monotonic() - ends) * 100 // 1) / 100, SHORTEST_WAIT)
+    return left if configured is None or left < configured else configured
 
 
 class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]

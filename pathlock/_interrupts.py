@@ -22,6 +22,8 @@ Only the main thread runs signal handlers; elsewhere this does nothing.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]
+import _thread
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -53,6 +55,18 @@ Handler = Callable[[int, FrameType | None], Any]
 
 _local = threading.local()
 
+# The main thread's id, read on every use of held_back (threading's
+# current_thread() and main_thread() are Python calls). After a fork the
+# thread that forked is the child's main thread.
+_main = [threading.main_thread().ident]
+
+
+def _forked() -> None:
+    _main[0] = _thread.get_ident()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class held_back:  # noqa: N801 - used like a function: ``with held_back():``
     """Within the block, in the main thread, the signals of ``_SIGNALS``
@@ -67,7 +81,7 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
         self._outer: held_back | None = None
 
     def __enter__(self) -> held_back:
-        if threading.current_thread() is not threading.main_thread():
+        if _thread.get_ident() != _main[0]:
             return self
         self._outer = getattr(_local, "current", None)
         try:
@@ -86,7 +100,7 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
         _error: BaseException | None,
         _traceback: TracebackType | None,
     ) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if _thread.get_ident() != _main[0]:
             return
         _local.current = self._outer
         self._restore()
@@ -100,11 +114,12 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
         self._held.append((signum, frame))
 
     def _hold(self) -> None:
+        record, saved, getsignal = self._record, self._saved, _signal.getsignal
         for signum in _SIGNALS:
-            handler = _signal.getsignal(signum)
-            if callable(handler) and handler != self._record:
-                self._saved[signum] = handler  # before the swap: restored whatever happens
-                _signal.signal(signum, self._record)
+            handler = getsignal(signum)
+            if callable(handler) and handler != record:
+                saved[signum] = handler  # before the swap: restored whatever happens
+                _signal.signal(signum, record)
 
     def _restore(self) -> None:
         """Put the handlers back, every one of them even if a signal that
@@ -131,7 +146,7 @@ def let_through() -> Iterator[None]:
     while current is not None:
         blocks.append(current)
         current = current._outer
-    if not blocks or threading.current_thread() is not threading.main_thread():
+    if not blocks or _thread.get_ident() != _main[0]:
         yield
         return
     left: list[held_back] = []

@@ -122,3 +122,27 @@ def test_a_signal_held_back_before_let_through_is_handled_there() -> None:
         with pytest.raises(Interrupted), interrupts.let_through():  # the chain is intact
             _signal_self()
     assert signal.getsignal(signal.SIGUSR1) is _raise
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_a_child_forked_by_another_thread_holds_signals_back_in_that_thread() -> None:
+    # After a fork, the thread that forked is the child's main thread: the
+    # one that runs its signal handlers, and so the one to protect.
+    status: list[int] = []
+
+    def fork_and_wait() -> None:
+        pid = os.fork()
+        if pid == 0:
+            steps: list[str] = []
+            try:
+                _held_back_block(steps)
+            except Interrupted:
+                os._exit(0 if steps == ["the block went on"] else 2)
+            os._exit(3)  # the signal was lost
+        status.append(os.waitpid(pid, 0)[1])
+
+    thread = threading.Thread(target=fork_and_wait)
+    thread.start()
+    thread.join(30)
+    assert status, "the child was not waited for"
+    assert os.waitstatus_to_exitcode(status[0]) == 0
