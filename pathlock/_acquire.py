@@ -66,6 +66,7 @@ def acquire(
     cancel: Cancel | None = None,
     left_behind: LeftBehind | None = None,
     take_up_later: bool = False,
+    limits: list[deadlines.Limit] | None = None,
 ) -> Result:
     """Attempt until ``request`` is granted: return its fencing token, the
     lease clock's time (``settings.clock.now()``) when its granting attempt
@@ -95,7 +96,11 @@ def acquire(
     request whose time ran out while the database did not answer raises
     :class:`LockTimeout` with ``unanswered`` set, a try-lock
     :class:`DatabaseTimeout`. Without a ``wait_limit``, each database call has
-    its own bound (:class:`DatabaseTimeout` after ``call_time``)."""
+    its own bound (:class:`DatabaseTimeout` after ``call_time``).
+
+    ``limits``: the request's limit is appended to it, for the caller to tell
+    afterwards whether any attempt got a connection
+    (:attr:`pathlock._deadlines.Limit.connected`)."""
     store.prepare(request)  # client CPU, not the database's time
     flow = AcquireFlow(
         request,
@@ -107,7 +112,9 @@ def acquire(
     )
     watch = wakeups.watch(request.customer_id)
 
-    def bounded(_limit: deadlines.Limit) -> Result:
+    def bounded(limit: deadlines.Limit) -> Result:
+        if limits is not None:
+            limits.append(limit)
         with watch:
             try:
                 steps = _Steps(store, request, watch, closed, cancel, take_up_later=take_up_later)

@@ -56,6 +56,12 @@ class Limit:
     commit_unanswered: bool = False
     """True while a COMMIT sent under this limit has had no reply: after a
     failure, the transaction may or may not have been committed."""
+    outer: Limit | None = None
+    """The limit this one is nested in."""
+    connected: bool = False
+    """True once an attempt under this limit, or under one nested in it, got
+    a connection (:func:`note_connected`): before that, nothing of the call
+    can have reached the database."""
 
 
 _monotonic = time.monotonic
@@ -81,7 +87,16 @@ def _run_within(ends: float, function: Callable[[Limit], T]) -> T:
 def _nested(ends: float) -> Limit:
     """A limit that ends by ``ends``, or by the one in force if that is earlier."""
     outer = _current.get()
-    return Limit(ends if outer is None else min(ends, outer.ends))
+    return Limit(ends if outer is None else min(ends, outer.ends), outer=outer)
+
+
+def note_connected() -> None:
+    """Mark the limits in force as having got a connection (see
+    :attr:`Limit.connected`)."""
+    limit = _current.get()
+    while limit is not None and not limit.connected:
+        limit.connected = True
+        limit = limit.outer
 
 
 @asynccontextmanager

@@ -513,6 +513,7 @@ def attempt_once(
         # (opening a connection stays interruptible: see dialects/mysql.py).
         with guard():
             connection = node.engine.connect()
+        deadlines.note_connected()
         if connected is not None:
             connected()
         node.dialect.before_transaction(connection, deadlines.ceiling())

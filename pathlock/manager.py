@@ -791,6 +791,15 @@ class PathLockManager:
         )
         callbacks = () if on_lost is None else (on_lost,)
         called = time.monotonic()
+        # The request's limit, to tell afterwards whether any of its attempts
+        # got as far as a connection: if none did, nothing can have been
+        # granted or queued, whatever stopped it (a database that never
+        # answers a new connection, say), and there is nothing to clean up.
+        scope: list[deadlines.Limit] = []
+
+        def reached_database() -> bool:
+            return not scope or scope[0].connected
+
         with self._told(request, called, blocking=blocking), self._call("lock paths"):
             try:
                 granted = acquire(
@@ -804,6 +813,7 @@ class PathLockManager:
                     cancel=event,
                     left_behind=self._leave_later,
                     take_up_later=self._renews,
+                    limits=scope,
                 )
                 if granted is None:
                     self._events.timed_out(self._denied(request, called))
@@ -827,6 +837,8 @@ class PathLockManager:
             except (BackendError, LockTimeout) as error:
                 if isinstance(error, BackendError) and self._store.tables_missing(error):
                     raise  # without the tables nothing can have been granted
+                if not reached_database():
+                    raise
                 if isinstance(error, BackendError) or error.contended or error.unanswered:
                     # An attempt whose COMMIT went out but whose reply never
                     # came may have granted the rows after all, and no later
@@ -849,7 +861,8 @@ class PathLockManager:
                 # handler, ...) at any point: the last attempt's COMMIT may
                 # have landed, or the lease may be registered already. Its
                 # rows must not outlive the call unknown to anyone.
-                self._resolve(request.customer_id, request.lease_id, request.ttl)
+                if reached_database():
+                    self._resolve(request.customer_id, request.lease_id, request.ttl)
                 raise
 
     @contextlib.contextmanager

@@ -381,8 +381,8 @@ def test_a_second_sigterm_stops_a_wait_on_a_database_that_does_not_answer(
     # The first stop signal cancels the wait, which ends once the database
     # call under way returns: against a server that never answers, after the
     # call's time (10 s), with a DatabaseTimeout. The second one interrupts
-    # the call: pathlock stops waiting (its close() then gives the request's
-    # clean-up its bound against the silent server).
+    # the call: pathlock stops waiting, and exits without cleaning up (no
+    # attempt got a connection: nothing can have been granted).
     ran = tmp_path / "ran"
     with socket.socket() as listener:  # accepts connections, never speaks
         listener.bind(("127.0.0.1", 0))

@@ -326,3 +326,66 @@ def test_sqlite_waits_for_the_write_lock_only_until_the_timeout(
         with engine.connect() as connection:
             assert connection.execute(text("SELECT 1")).scalar() == 1
         engine.dispose()
+
+
+class _Stopped(Exception):
+    """Raised by a SIGALRM handler: an interrupt such as Ctrl-C."""
+
+
+def _raise_stopped(_signum: int, _frame: object) -> None:
+    raise _Stopped
+
+
+def test_a_request_that_never_got_a_connection_leaves_nothing_in_doubt(
+    silent_port: int, customer_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No attempt got past opening a connection (the server never answers
+    # one): nothing can have been granted or queued, whether the request ran
+    # out of time or was interrupted. The manager keeps no lease "in doubt"
+    # to delete later, which close() would try for its whole bound against
+    # the same silent server, and warn about.
+    previous = signal.signal(signal.SIGALRM, _raise_stopped)
+    try:
+        with (
+            caplog.at_level("WARNING"),
+            PathLockManager(
+                _mysql_url(silent_port), node_id="silent", heartbeat=False, settings=FAST
+            ) as manager,
+        ):
+            locks = manager.for_customer(customer_id)
+            _assert_unanswered_lock_timeout(_timed(lambda: locks.lock_paths("/a", timeout=0.5))[0])
+            _assert_database_timeout(_timed(lambda: locks.try_lock_paths("/a"))[0])
+            assert not manager._in_doubt
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(_Stopped):
+                locks.lock_paths("/a", timeout=30)
+            assert not manager._in_doubt
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert [r.getMessage() for r in caplog.records if "doubt" in r.getMessage()] == []
+
+
+def test_an_interrupted_request_that_reached_the_database_is_cleaned_up(
+    mariadb_url: str, customer_id: int
+) -> None:
+    # The other side of the rule above: an interrupt once the request has a
+    # connection may follow a COMMIT that landed, so its lease id is looked
+    # for and its rows deleted (at once here: the server answers).
+    previous = signal.signal(signal.SIGALRM, _raise_stopped)
+    try:
+        with PathLockManager(mariadb_url, node_id="interrupted", heartbeat=False) as manager:
+            locks = manager.for_customer(customer_id)
+            held = locks.lock_paths("/a")
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                with pytest.raises(_Stopped):
+                    locks.lock_paths("/a/b", timeout=30, owner="other")  # queued, waiting
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                held.release()
+            assert manager.list_waiters(customer_id=customer_id) == []
+            with locks.lock_paths("/a/b", timeout=5):
+                pass
+    finally:
+        signal.signal(signal.SIGALRM, previous)
