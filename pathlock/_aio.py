@@ -202,6 +202,12 @@ class LoopRunner:
             return self._in_task(node, operation, number, ends, read_only)
         else:
             coroutine = self._for_thread(node, operation, number, ends, read_only)
+        # The attempt runs on a worker thread or on the loop, whose limits
+        # are not this caller's: it could not mark them when it gets its
+        # connection, so it counts as reaching the database from the start
+        # (Limit.connected: a request cancelled meanwhile undoes what the
+        # attempt may still commit).
+        deadlines.note_connected()
         return wait(self.loop, coroutine, seconds=max(0.0, ends - time.monotonic()))
 
     def cancel(self, task: asyncio.Task[Any]) -> None:

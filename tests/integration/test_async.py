@@ -275,6 +275,46 @@ def test_an_attempt_left_waiting_for_the_file_by_a_cancelled_task_grants_nothing
         raw.dispose()
 
 
+def test_a_grant_committed_on_its_thread_after_the_task_was_cancelled_is_undone(
+    sqlite_url: str, customer_id: int
+) -> None:
+    """On SQLite the attempt runs on a worker thread, and a cancelled task
+    does not wait for it. Cancelled while that thread is committing the
+    grant, the request must still undo it (found by the asyncio stress run:
+    such grants were left in place when the request's clean-up went by
+    whether the attempt got a connection, which the worker thread could not
+    tell the task)."""
+    raw = create_engine(sqlite_url)
+
+    async def main() -> None:
+        async with _manager(sqlite_url) as manager:
+            locks = manager.for_customer(customer_id)
+            await (await locks.lock_paths("/warm")).release()  # the tables exist
+            committing = threading.Event()
+            armed = [True]
+
+            def slow_commit(_connection: Connection) -> None:
+                if armed[0]:
+                    armed[0] = False
+                    committing.set()
+                    time.sleep(0.5)  # on the worker thread, before the COMMIT
+
+            event.listen(manager._core.engine, "commit", slow_commit)
+            request = asyncio.create_task(_lock(locks, "/a", timeout=20.0))
+            while not committing.is_set():
+                await asyncio.sleep(0.005)
+            request.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await request
+            await asyncio.sleep(1.0)  # the COMMIT lands; the clean-up follows it
+            assert _rows(raw, customer_id) == (0, 0)
+
+    try:
+        run(main)
+    finally:
+        raw.dispose()
+
+
 def test_a_cancelled_release_still_releases(
     database_url: str, customer_id: int, raw_engine: Engine
 ) -> None:
