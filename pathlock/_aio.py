@@ -217,9 +217,12 @@ class LoopRunner:
         way (a COMMIT, or a release's statements with theirs) that could land
         after whatever the task does next to undo the attempt (delete its
         rows by lease id). The attempt ends within its own time: done, or
-        never to be."""
+        never to be. An attempt without a connection yet is cut short at
+        once, as its timer would."""
         attempting = self._attempting.get(task)
-        if attempting is None:
+        if attempting is None or not attempting.connected:
+            # Still waiting for a connection (of the pool, or a new one that
+            # the server may never answer): nothing can be on its way yet.
             task.cancel()
         else:
             attempting.cancelled = True
@@ -337,7 +340,7 @@ class LoopRunner:
                 # Tasks interleave on one thread: nothing to hold back.
                 guard=contextlib.nullcontext,
                 cut_off=cut_off,
-                connected=attempting.stop_waiting_for_pool,
+                connected=attempting.got_connection,
             )
         finally:
             if timer is not None:
@@ -371,7 +374,7 @@ class LoopRunner:
 class _Attempting:
     """An attempt under way in a task's greenlet (:meth:`LoopRunner._in_task`)."""
 
-    __slots__ = ("cancelled", "expired", "task", "waiting_for_pool")
+    __slots__ = ("cancelled", "connected", "expired", "task", "waiting_for_pool")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
@@ -379,9 +382,14 @@ class _Attempting:
         self.cancelled = False  # the task is to be cancelled once it is over
         # Until the pool gives it a connection, or opens a new one for it.
         self.waiting_for_pool = True
+        self.connected = False  # the pool gave it a connection
 
     def stop_waiting_for_pool(self) -> None:
         self.waiting_for_pool = False
+
+    def got_connection(self) -> None:
+        self.waiting_for_pool = False
+        self.connected = True
 
     def expire(self) -> None:
         self.expired = True

@@ -561,6 +561,37 @@ def test_a_server_that_never_answers_costs_a_request_its_timeout(customer_id: in
         run(main)
 
 
+def test_a_request_cancelled_while_connecting_ends_at_once_and_leaves_nothing(
+    customer_id: int,
+) -> None:
+    """Cancelled while its connection is being opened (the server never
+    answers): nothing can be on its way to the database, so the request ends
+    with its caller's cancellation rather than keep the manager busy (and
+    aclose() waiting) until its connect times out; and nothing is left in
+    doubt."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"mysql+pymysql://root@127.0.0.1:{silent.getsockname()[1]}/test"
+
+        async def main() -> None:
+            async with _manager(url, settings=Settings(schema_check_time=0.5)) as manager:
+                locks = manager.for_customer(customer_id)
+
+                async def request() -> None:
+                    await locks.lock_paths("/a", timeout=30)
+
+                waiting = asyncio.create_task(request())
+                await asyncio.sleep(0.3)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                assert manager._core._calls._count == 0, "the request is still running"
+                assert not manager._core._in_doubt
+
+        run(main)
+
+
 def test_a_schema_at_another_revision_is_refused_on_entry(customer_id: int) -> None:
     """Opening fails on the way in: the error is the synchronous API's, and
     nothing of the manager stays open."""
