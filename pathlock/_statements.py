@@ -763,9 +763,11 @@ def _owner_locks(*columns: Any) -> Select[Any]:
     )
 
 
-OWNER_LOCKS = _owner_locks(path_locks.c.path, path_locks.c.mode)
+OWNER_LOCKS = _owner_locks(path_locks.c.path, path_locks.c.mode, path_locks.c.lease_id)
 # The same as one JSON array per row (see items()), for a denied attempt's reads.
-OWNER_LOCK_ITEMS = _owner_locks(items((path_locks.c.path, path_locks.c.mode)))
+OWNER_LOCK_ITEMS = _owner_locks(
+    items((path_locks.c.path, path_locks.c.mode, path_locks.c.lease_id))
+)
 
 # Operator clean-up.
 LEASE_CUSTOMER = (

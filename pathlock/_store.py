@@ -162,7 +162,7 @@ class _Picture:
             blocking = connection.execute(blockers_query(shape(request.paths)), parameters)
             queue = connection.execute(LIVE_WAITERS, parameters)
             own = connection.execute(OWN_ROWS, parameters).all()
-            owner_locks = _OwnerLocks(connection, parameters)
+            owner_locks = _OwnerLocks(connection, parameters, request.abandoned)
             picture = cls._judge(request, ticket, blocking.all(), queue.all(), owner_locks, own=own)
         if end and connection.in_transaction():
             connection.rollback()
@@ -191,8 +191,8 @@ class _Picture:
     ) -> _Picture:
         """The picture from the replies to :meth:`steps`."""
         found, waiting, owned, own = replies
-        owner_locks = _OwnerLocks(connection, parameters)
-        owner_locks.known([tuple(json.loads(row.item)) for row in owned.rows])
+        owner_locks = _OwnerLocks(connection, parameters, request.abandoned)
+        owner_locks.known([json.loads(row.item) for row in owned.rows])
         blocking = [item_row(LOCK_ITEM, row.item) for row in found.rows]
         queue = [item_row(WAITER_ITEM, row.item) for row in waiting.rows]
         return cls._judge(request, ticket, blocking, queue, owner_locks, own=own.rows)
@@ -220,22 +220,31 @@ class _Picture:
 
 
 class _OwnerLocks:
-    """The requesting owner's live locks, read once and only if needed."""
+    """The requesting owner's live locks, read once and only if needed; not
+    those of its abandoned leases (a grant left in doubt, a failed release),
+    whose rows go away without the owner releasing anything: another owner
+    queued for them is not in a cycle with this one."""
 
-    def __init__(self, connection: Connection, parameters: dict[str, Any]) -> None:
+    def __init__(
+        self, connection: Connection, parameters: dict[str, Any], abandoned: frozenset[str]
+    ) -> None:
         self._connection = connection
         self._parameters = parameters
+        self._abandoned = abandoned
         self._paths: list[PathMode] | None = None
 
-    def known(self, paths: list[PathMode]) -> None:
-        """The locks, read already."""
-        self._paths = paths
+    def known(self, rows: Sequence[Sequence[Any]]) -> None:
+        """The locks, read already: (path, mode, lease id) each."""
+        self._paths = self._kept(rows)
 
     def get(self) -> list[PathMode]:
         if self._paths is None:
-            rows = self._connection.execute(OWNER_LOCKS, self._parameters)
-            self._paths = [(row.path, row.mode) for row in rows]
+            self._paths = self._kept(self._connection.execute(OWNER_LOCKS, self._parameters).all())
         return self._paths
+
+    def _kept(self, rows: Sequence[Sequence[Any]]) -> list[PathMode]:
+        abandoned = self._abandoned
+        return [(path, mode) for path, mode, lease_id in rows if lease_id not in abandoned]
 
 
 def _deadlock(

@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from pathlock import (
+    BackendError,
     CustomerLocks,
     DeadlockDetected,
     Lease,
@@ -361,6 +362,35 @@ def test_two_owners_waiting_for_each_other_fail_at_once(
     # The other party waits on, and gets /y once we let go.
     mine.release()
     assert isinstance(other.outcome(), Lease)
+
+
+def test_rows_of_a_failed_release_close_no_cycle(
+    manager: PathLockManager,
+    locks: CustomerLocks,
+    requests: list[Request],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Our release of /y failed (the database refused it): its rows stay
+    # until they expire, and they are no longer ours to release. Another
+    # owner that holds /x queues for /y. Our request for /x must wait for it,
+    # not fail as a deadlock: /y frees itself without us. (The same comes of
+    # a grant left in doubt whose rows landed; a cluster fault run raised a
+    # DeadlockDetected that way.)
+    mine = locks.lock_paths("/y", ttl=3.0)
+
+    def refused(*_args: object, **_kwargs: object) -> int:
+        raise BackendError("releasing a lease", RuntimeError("the database refused"))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(manager._store, "release", refused)
+        mine.release()  # logged; its rows expire within 3 s
+    other = _start(requests, Request(locks, "/y", first=("/x",), name="A"))
+    _queued(locks, 1)
+    with pytest.raises(LockTimeout):  # waited for A: no DeadlockDetected
+        locks.lock_paths("/x", timeout=1.0)
+    assert isinstance(other.outcome(), Lease)  # /y lapsed
+    other.finish()
+    locks.lock_paths("/x", timeout=HANG).release()
 
 
 @pytest.mark.parametrize("_round", range(3))
