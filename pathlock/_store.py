@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -104,6 +104,13 @@ attempt queued) counts as having one: a new request of it skips the grant in
 one round trip, which requires an empty queue, and goes straight to the
 attempt that says who is in the way."""
 _QUEUED_KEPT = 4096  # customers remembered at most
+
+
+class _Heir(NamedTuple):
+    """The queued request a release grants its paths to, and for how long."""
+
+    request: WaiterInfo
+    term_us: int
 
 
 @dataclass(frozen=True)
@@ -855,15 +862,22 @@ class Store:
         Where a batch carries its COMMIT (one MySQL or MariaDB server), the
         release also reads the head of the customer's queue and, if that
         request waited for the released ``paths`` (``None``: it may have),
-        grants it in a transaction of its own (:meth:`_hand_over`): the next
-        in line learns it at its next check, without an attempt of its own.
-        Elsewhere a release moves the customer's version, and the waiters try
-        for themselves."""
+        grants it them: the next in line learns it at its next check, without
+        an attempt of its own. For a customer seen with a queue moments ago
+        that happens in the release's own transaction
+        (:meth:`_release_handing_over`); otherwise the release is one round
+        trip, and a queue it finds is handed the paths in a transaction of its
+        own (:meth:`_hand_over`). Elsewhere a release moves the customer's
+        version, and the waiters try for themselves."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
 
         def attempt(connection: Connection, number: int) -> tuple[int | None, _Queue | None]:
-            deleted, queue = self._release_once(connection, customer_id, parameters, number)
-            return (None if deleted == 0 and number > 1 else deleted), queue
+            if number == 1 and batch.commits_in_batches(connection):
+                if self._likely_queued(customer_id):
+                    return self._release_handing_over(connection, customer_id, parameters, paths)
+                return self._release_in_one(connection, customer_id, parameters)
+            deleted = self._release_moving(connection, customer_id, parameters)
+            return (None if deleted == 0 and number > 1 else deleted), None
 
         deleted, queue = self._tx.run(
             "releasing a lease", attempt, customer_id=customer_id, deadline=deadline
@@ -871,6 +885,30 @@ class Store:
         if queue is not None:
             self._hand_over(customer_id, paths, queue, deadline)
         return deleted
+
+    @staticmethod
+    def _heir(released: Sequence[PathMode] | None, queue: _Queue) -> tuple[bool, _Heir | None]:
+        """Whom a release of ``released`` (``None``: unknown) that read
+        ``queue`` hands its paths to: whether anyone queued waited for them
+        (if not, there is nothing to do), and the head of the queue if it
+        can be granted them (if not, the version moves, so that those who
+        waited for them try for themselves)."""
+        waiters = queue.waiters
+        if waiters and released is not None and len(waiters) < HAND_OVER_WAITERS:
+            waiters = [info for info in waiters if requests_conflict(info.paths, released)]
+            if not waiters:
+                return False, None  # nobody waited for these paths
+        head = queue.waiters[0] if queue.waiters else None
+        term_us = queue.term_us
+        if (
+            head is not None
+            and term_us is not None
+            and term_us > 0
+            and waiters[0] is head
+            and _well_formed(head.paths)
+        ):
+            return True, _Heir(head, term_us)
+        return True, None
 
     def _hand_over(
         self,
@@ -889,24 +927,13 @@ class Store:
         have blocked them; the waiter takes them up (:meth:`take_up`, or its
         first renewal). A failure here is logged: the waiters find the paths
         free at their next recheck."""
-        waiters = queue.waiters
-        if waiters and released is not None and len(waiters) < HAND_OVER_WAITERS:
-            waiters = [info for info in waiters if requests_conflict(info.paths, released)]
-            if not waiters:
-                return  # nobody waited for these paths
-        head = queue.waiters[0] if queue.waiters else None
-        term_us = queue.term_us
-        give = (
-            head is not None
-            and term_us is not None
-            and term_us > 0
-            and waiters[0] is head
-            and _well_formed(head.paths)
-        )
+        concerned, heir = self._heir(released, queue)
+        if not concerned:
+            return
 
         def attempt(connection: Connection, number: int) -> None:
-            if head and give and term_us and number == 1 and batch.commits_in_batches(connection):
-                self._grant_head(connection, customer_id, head, term_us, queue.version)
+            if heir and number == 1 and batch.commits_in_batches(connection):
+                self._grant_head(connection, customer_id, heir, queue.version)
             else:
                 self._tx.bump(connection, customer_id)
                 connection.commit()
@@ -914,32 +941,95 @@ class Store:
         try:
             self._tx.run("handing locks over", attempt, customer_id=customer_id, deadline=deadline)
         except PathLockError as error:
-            log.warning(
-                "could not hand customer %d's released locks to the queue: %s;"
-                " its requests find them free within %g s",
-                customer_id,
-                error,
-                self.settings.recheck,
+            self._not_handed_over(customer_id, error)
+
+    def _not_handed_over(self, customer_id: int, error: Exception) -> None:
+        log.warning(
+            "could not hand customer %d's released locks to the queue: %s;"
+            " its requests find them free within %g s",
+            customer_id,
+            error,
+            self.settings.recheck,
+        )
+
+    def _release_handing_over(
+        self,
+        connection: Connection,
+        customer_id: int,
+        parameters: dict[str, Any],
+        released: Sequence[PathMode] | None,
+    ) -> tuple[int, None]:
+        """A release that hands its paths to the head of the queue in its own
+        transaction, for a customer seen with a queue moments ago: the first
+        round trip locks the sentinel row, deletes the rows and reads the head
+        of the queue, and leaves the transaction open; the second grants the
+        head the paths, or moves the version (see :meth:`_hand_over`), or
+        does neither (nobody waited for them), and carries the COMMIT. Two
+        round trips and one commit, where a release and a hand-over of its
+        own take two commits: the next in line gets the paths sooner. The
+        rows deleted, and no queue left to hand anything to."""
+        locked, deleted, queued = batch.run(
+            connection,
+            [
+                (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
+                (RELEASE, parameters),
+                (QUEUE_HEAD, {"c_id": customer_id}),
+            ],
+        )
+        if not locked.rowcount:
+            # No sentinel row (an operator deleted it): as _release_in_one.
+            connection.commit()
+            self._tx.bump(connection, customer_id)
+            connection.commit()
+            return deleted.rowcount, None
+        if queued.rows:
+            self._seen_queued(customer_id)
+        concerned, heir = False, None
+        if queued.rows and deleted.rowcount:
+            concerned, heir = self._heir(
+                released, _queue(customer_id, locked.lastrowid, queued.rows)
             )
+        if heir is not None:
+            try:
+                self._grant_head(
+                    connection, customer_id, heir, locked.lastrowid, sentinel_locked=True
+                )
+            except DBAPIError as error:
+                if error.connection_invalidated or self.dialect.is_transient(error):
+                    raise  # the next attempt releases without handing over
+                # A statement was refused (the server runs nothing after it,
+                # the COMMIT included): release without handing over.
+                connection.rollback()
+                self._not_handed_over(customer_id, error)
+                return self._release_moving(connection, customer_id, parameters), None
+        elif concerned:
+            batch.run(connection, [(BUMP, {"c_id": customer_id})], commit=True)
+        else:
+            connection.commit()
+        return deleted.rowcount, None
 
     def _grant_head(
         self,
         connection: Connection,
         customer_id: int,
-        head: WaiterInfo,
-        term_us: int,
+        heir: _Heir,
         seen: int,
+        *,
+        sentinel_locked: bool = False,
     ) -> None:
-        """Grant ``head``'s request for ``term_us`` microseconds, in one round
-        trip, if nothing is in its way and it is still the oldest live
-        request; then move the version from ``seen`` unless the grant did."""
+        """Grant ``heir`` its paths, in one round trip that ends with the
+        COMMIT, if nothing is in its way and it is still the oldest live
+        request; then move the version from ``seen`` unless the grant did.
+        ``sentinel_locked``: this transaction holds the sentinel row
+        already."""
+        head = heir.request
         request = GrantRequest(
             customer_id=customer_id,
             lease_id=head.lease_id,
             paths=head.paths,
             owner=head.owner,
             reason=head.reason,
-            ttl=term_us / 1_000_000,
+            ttl=heir.term_us / 1_000_000,
         )
         parameters = self._grant_parameters(request, head.ticket)
         claim = self._tx.claim_parameters(customer_id)
@@ -948,18 +1038,16 @@ class Store:
             shape(request.paths), queued=True, sentinel_after=True, handed=True
         )
         ticket = {"c_id": customer_id, "l_id": head.lease_id, "w_ticket": head.ticket}
-        batch.run(
-            connection,
-            [
-                (SET_GRANT_UNTIL, self._until()),
-                (LOCK_SENTINEL, {"c_id": customer_id}),
-                (statement, parameters),
-                (CLAIM_IF_GRANTED, claim),
-                (DEQUEUE_IF_GRANTED, ticket),
-                (BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}),
-            ],
-            commit=True,
-        )
+        steps: list[tuple[Any, dict[str, Any]]] = [(SET_GRANT_UNTIL, self._until())]
+        if not sentinel_locked:
+            steps.append((LOCK_SENTINEL, {"c_id": customer_id}))
+        steps += [
+            (statement, parameters),
+            (CLAIM_IF_GRANTED, claim),
+            (DEQUEUE_IF_GRANTED, ticket),
+            (BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}),
+        ]
+        batch.run(connection, steps, commit=True)
 
     def forget(self, customer_id: int, lease_id: str) -> int:
         """Delete every row of ``lease_id``, locks and queue row alike, in one
@@ -1009,11 +1097,11 @@ class Store:
             return deleted.rowcount, None
         return deleted.rowcount, _queue(customer_id, locked.lastrowid, queued.rows)
 
-    def _release_once(
-        self, connection: Connection, customer_id: int, parameters: dict[str, Any], number: int
-    ) -> tuple[int, _Queue | None]:
-        if number == 1 and batch.commits_in_batches(connection):
-            return self._release_in_one(connection, customer_id, parameters)
+    def _release_moving(
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any]
+    ) -> int:
+        """A release that reads no queue and moves the customer's version, so
+        that whoever waits tries for itself: the rows deleted."""
         if self.dialect.can_batch(connection):
             # The COMMIT too, where it can: a release in one round trip.
             commit = batch.commits_in_batches(connection)
@@ -1025,18 +1113,18 @@ class Store:
             if bumped.rowcount:
                 if not commit:
                     connection.commit()
-                return deleted.rowcount, None
+                return deleted.rowcount
             if commit:
                 # Rows without a sentinel row (an operator deleted it): the
                 # deletion is committed; make the row.
                 self._tx.bump(connection, customer_id)
                 connection.commit()
-                return deleted.rowcount, None
+                return deleted.rowcount
             connection.rollback()  # no sentinel row yet: the usual way creates it
         self._tx.bump(connection, customer_id)
         deleted_rows: int = connection.execute(RELEASE, parameters).rowcount
         connection.commit()
-        return deleted_rows, None
+        return deleted_rows
 
     def release_owner(self, customer_id: int, owner: Owner) -> int:
         """Delete every row ``owner`` holds for ``customer_id``."""

@@ -26,12 +26,13 @@ import pytest
 from sqlalchemy import text
 
 from pathlock import Lease, Owner, PathLockManager, Settings
+from pathlock import _batch as batch
 from pathlock._records import Blocked, Granted, GrantRequest
 from pathlock._store import Store, _Queue
 from pathlock.paths import normalize_request
 from pathlock.types import PathMode
 from tests.integration.commit_faults import CommitFaults
-from tests.integration.test_round_trips import _version
+from tests.integration.test_round_trips import _statements, _version, sent
 
 # Short, so the tests that wait for handed paths to lapse are quick.
 WAITER_TTL = 2.0
@@ -72,6 +73,22 @@ def _wait_until(condition: Any, seconds: float = 10.0) -> None:
         if time.monotonic() > ends:
             raise AssertionError("timed out")
         time.sleep(0.01)
+
+
+# Whether the releasing manager saw the customer's queue moments ago: then its
+# release hands its paths over in its own transaction, else in one after it.
+RELEASES = pytest.mark.parametrize("seen_queue", [True, False], ids=["seen-queue", "queue-unseen"])
+
+
+def _release_path(manager: PathLockManager, customer_id: int, seen_queue: bool) -> None:
+    """Make ``manager``'s next release of the customer hand over in its own
+    transaction (``seen_queue``), as after its own request was queued or its
+    release read a queue, or in one of its own after it."""
+    store: Store = manager._store
+    if seen_queue:
+        store._seen_queued(customer_id)
+    else:
+        store._queued.pop(customer_id, None)
 
 
 def _queued(manager: PathLockManager, customer_id: int, count: int, seconds: float = 10.0) -> None:
@@ -215,12 +232,82 @@ def test_a_hand_over_to_a_request_that_left_the_queue_grants_nothing(
         again.release()
 
 
+def test_a_release_of_a_customer_seen_with_a_queue_hands_over_in_its_own_transaction(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager that saw the customer's queue moments ago releases and hands
+    the paths over in one transaction: its first round trip locks the
+    sentinel row, deletes the rows and reads the queue, the second grants the
+    head and commits. Two round trips and one COMMIT, where a release and a
+    hand-over of its own take two of each."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        with _waiting(waiter, customer_id, "/a", timeout=10) as got:
+            _queued(holder, customer_id, 1)
+            # The holder's own try-lock sees the queue, as a request of its
+            # that queued would.
+            assert holder.for_customer(customer_id).try_lock_paths("/a", owner="probe") is None
+            with sent(monkeypatch, this_thread=True) as commands:
+                lease.release()
+            _wait_until(lambda: "lease" in got or "error" in got)
+        assert [_statements(command) for command in commands] == [
+            ["UPDATE", "DELETE", "SELECT"],
+            ["SET", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"],
+        ], commands
+        handed: Lease = got["lease"]
+        assert handed.fencing_token == lease.fencing_token + 1
+        assert [row.lease_id for row in _rows(holder, customer_id)] == [handed.lease_id]
+        handed.release()
+        assert _rows(holder, customer_id) == []
+
+
+def test_a_hand_over_the_server_refuses_still_releases(
+    mariadb_url: str,
+    customer_id: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The hand-over in the release's own transaction fails with an error that
+    no retry helps (here: a statement the server refuses): the release is
+    made without it, the version moves, a warning says so, and the waiter
+    takes the path for itself."""
+
+    def refused(_store: Store, connection: Any, *_args: Any, **_kwargs: Any) -> None:
+        batch.run(connection, [(text("SELECT * FROM pathlock_no_such_table"), {})], commit=True)
+
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        with _waiting(waiter, customer_id, "/a", timeout=10) as got:
+            _queued(holder, customer_id, 1)
+            _release_path(holder, customer_id, seen_queue=True)
+            version = _version(holder, customer_id)
+            monkeypatch.setattr(Store, "_grant_head", refused)
+            lease.release()
+            monkeypatch.undo()
+            assert lease.released
+            _wait_until(lambda: "lease" in got or "error" in got)
+        assert "could not hand customer" in caplog.text
+        # Granted by its own attempt, after the release moved the version.
+        assert got["lease"].fencing_token == version + 2
+        assert [row.lease_id for row in _rows(holder, customer_id)] == [got["lease"].lease_id]
+        got["lease"].release()
+
+
+@RELEASES
 def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
-    mariadb_url: str, customer_id: int
+    mariadb_url: str, customer_id: int, seen_queue: bool
 ) -> None:
     """The head of the queue waited for the released path and for one still
     held: the hand-over grants nothing and moves the version, from the one
-    the release's reply carried, so the waiters try for themselves."""
+    the release's reply carried, so the waiters try for themselves. Whether
+    the release hands over in its own transaction (the manager saw the
+    customer's queue moments ago) or in one after it."""
     with PathLockManager(mariadb_url, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         for _ in range(3):
@@ -228,10 +315,12 @@ def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
         lease, other = locks.lock_paths("/a"), locks.lock_paths("/b")
         store: Store = manager._store
         request, _ticket = _queue(store, customer_id, normalize_request(["/a", "/b"], []))
-        handed = _calls(store, "_hand_over")
+        _release_path(manager, customer_id, seen_queue)
+        handed = _calls(store, "_heir")
         version = _version(manager, customer_id)
         store.release(customer_id, lease.lease_id, paths=lease.paths)
-        ((_customer, _released, queue, _deadline),) = handed
+        ((released, queue),) = handed
+        assert released == lease.paths
         assert queue.version == version
         assert [info.lease_id for info in queue.waiters] == [request.lease_id]
         assert queue.waiters[0].paths == (("/a", "exclusive"), ("/b", "exclusive"))
@@ -241,8 +330,9 @@ def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
         other.release()
 
 
+@RELEASES
 def test_a_release_after_the_sentinel_row_was_deleted_by_hand(
-    mariadb_url: str, customer_id: int
+    mariadb_url: str, customer_id: int, seen_queue: bool
 ) -> None:
     """An operator deleted the customer's sentinel row while a lease was held:
     the release still deletes the lease's rows, and makes the row again, so
@@ -254,6 +344,7 @@ def test_a_release_after_the_sentinel_row_was_deleted_by_hand(
             connection.execute(
                 text("DELETE FROM customer_locks WHERE customer_id = :c"), {"c": customer_id}
             )
+        _release_path(manager, customer_id, seen_queue)
         lease.release()
         assert _rows(manager, customer_id) == []
         assert _version(manager, customer_id) >= 1
@@ -305,8 +396,9 @@ def test_requests_queued_by_an_older_pathlock_are_not_handed_paths(
         assert handed == []  # it attempted for itself
 
 
+@RELEASES
 def test_a_hand_over_whose_commit_reply_is_lost_reaches_the_waiter(
-    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch, seen_queue: bool
 ) -> None:
     """The hand-over's COMMIT lands and its reply is lost: the release does not
     fail, and the waiter finds the paths handed to it."""
@@ -324,6 +416,7 @@ def test_a_hand_over_whose_commit_reply_is_lost_reaches_the_waiter(
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
             _queued(holder, customer_id, 1)
+            _release_path(holder, customer_id, seen_queue)
             monkeypatch.setattr(Store, "_grant_head", lossy)
             lease.release()
             monkeypatch.setattr(Store, "_grant_head", grant_head)
@@ -345,8 +438,9 @@ with PathLockManager(url, node_id="doomed", settings=Settings(waiter_ttl={ttl}))
 """
 
 
+@RELEASES
 def test_a_waiter_killed_after_the_hand_over_holds_the_paths_a_waiters_ttl_at_most(
-    mariadb_url: str, customer_id: int
+    mariadb_url: str, customer_id: int, seen_queue: bool
 ) -> None:
     """A waiting process is frozen (SIGSTOP) with its queue row alive; the
     holder releases and hands it the path; it is killed (SIGKILL) without
@@ -374,6 +468,7 @@ def test_a_waiter_killed_after_the_hand_over_holds_the_paths_a_waiters_ttl_at_mo
         try:
             _queued(holder, customer_id, 1, 60.0)
             os.kill(doomed.pid, signal.SIGSTOP)
+            _release_path(holder, customer_id, seen_queue)
             lease.release()
             read_from = time.monotonic()
             handed = _rows(holder, customer_id)
@@ -400,8 +495,9 @@ def test_a_waiter_killed_after_the_hand_over_holds_the_paths_a_waiters_ttl_at_mo
         assert [row.left_s <= 0 for row in _rows(holder, customer_id)] == [True]
 
 
+@RELEASES
 def test_the_head_of_a_queue_of_an_unrelated_path_is_left_alone(
-    mariadb_url: str, customer_id: int
+    mariadb_url: str, customer_id: int, seen_queue: bool
 ) -> None:
     """A release of /b hands nothing to a request waiting for /a, and does
     not move the version: nobody waiting has anything new to try."""
@@ -412,6 +508,7 @@ def test_the_head_of_a_queue_of_an_unrelated_path_is_left_alone(
         with _waiting(manager, customer_id, "/a", timeout=10, owner="waiter") as got:
             _queued(manager, customer_id, 1)
             version = _version(manager, customer_id)
+            _release_path(manager, customer_id, seen_queue)
             sibling.release()
             assert _version(manager, customer_id) == version
             assert [row.path for row in _rows(manager, customer_id)] == ["/a"]
@@ -420,7 +517,10 @@ def test_the_head_of_a_queue_of_an_unrelated_path_is_left_alone(
         got["lease"].release()
 
 
-def test_a_queue_row_written_by_hand_is_handed_nothing(mariadb_url: str, customer_id: int) -> None:
+@RELEASES
+def test_a_queue_row_written_by_hand_is_handed_nothing(
+    mariadb_url: str, customer_id: int, seen_queue: bool
+) -> None:
     """A queue row whose paths are not a request pathlock could have made (a
     DBA's INSERT) heads the queue: the release still succeeds, hands it
     nothing, and moves the version for whoever waits."""
@@ -438,6 +538,7 @@ def test_a_queue_row_written_by_hand_is_handed_nothing(mariadb_url: str, custome
                 {"c": customer_id, "p": '[["/a/../b", "exclusive"], ["a", "sideways"]]'},
             )
         version = _version(manager, customer_id)
+        _release_path(manager, customer_id, seen_queue)
         lease.release()
         assert lease.released
         assert _rows(manager, customer_id) == []
