@@ -331,7 +331,7 @@ class AcquireFlow:
         self._ahead = tuple(info.ticket for info in ahead)
         return Place(ticket, self._ahead, new)
 
-    def _wait(  # noqa: PLR0911 - one return per way a wait ends
+    def _wait(  # noqa: PLR0911, PLR0912 - one return per way a wait ends
         self, version: int, last_attempt: float
     ) -> Generator[Step, Any, Result]:
         """Return when another attempt can succeed (a plain-read check says
@@ -377,6 +377,7 @@ class AcquireFlow:
                 if then is _ATTEMPT:
                     return None  # the likely next grant: straight to the attempt
                 recheck_at = now + settings.recheck
+                self._checked_at = clock.now()
                 outlook: Outlook = yield Judge(self.ticket, self._by(deadline))
             except DatabaseTimeout:
                 if clock.monotonic() < deadline:
@@ -384,6 +385,9 @@ class AcquireFlow:
                 # The request's time ran out during a read: the last attempt
                 # (which has ``grace`` more) says whether the database answers.
                 return None
+            if outlook.handed is not None:
+                # A release handed the paths to this request since its check.
+                return (yield from self._take_up(outlook.handed, outlook.handed_for))
             if outlook.free:
                 return None
             self._next_in_line = outlook.next_in_line

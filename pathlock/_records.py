@@ -61,6 +61,10 @@ class Outlook:
     next_in_line: bool
     ahead: tuple[int, ...] = ()
     """The tickets of the older queued requests that must go first."""
+    handed: int | None = None
+    """The fencing token of rows a release handed to the request, if any."""
+    handed_for: float = 0.0
+    """How long those rows have left, by the database's clock (seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +102,12 @@ def item_row(names: Sequence[str], item: str | bytes) -> Any:
     """A row of a read that returns each row as one JSON array of ``names``
     (see :func:`pathlock._statements.items`): its columns as attributes, as
     a row has them (times in the server's text form are parsed)."""
-    row = SimpleNamespace(**dict(zip(names, json.loads(item), strict=True)))
+    return values_row(names, json.loads(item))
+
+
+def values_row(names: Sequence[str], values: Sequence[Any]) -> Any:
+    """:func:`item_row` of the JSON array already parsed."""
+    row = SimpleNamespace(**dict(zip(names, values, strict=True)))
     for name in _TIMES:
         text = getattr(row, name, None)
         if isinstance(text, str):

@@ -36,12 +36,14 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
+    case,
     column,
     delete,
     exists,
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
     text,
@@ -588,6 +590,10 @@ CASE_RULE = select(customer_locks.c.case_insensitive).where(
 # version moves if the hand-over did not move it, so the waiters still queued
 # try for themselves.
 BUMP_IF_UNMOVED = BUMP.where(customer_locks.c.version == bindparam("seen", type_=BigInteger))
+# The same, in the query that grants the paths to the request the release
+# expects to be next (Store.release): after DEQUEUE_IF_GRANTED, the version
+# moves unless that statement deleted the request's queue row.
+BUMP_UNLESS_HANDED = BUMP.where(func.row_count() == literal_column("0"))
 # Undoes BUMP within its transaction: the sentinel is still written (the lock
 # and, on a cluster, the write conflict stay), but the version does not move.
 UNBUMP = (
@@ -611,33 +617,11 @@ def _own_live_rows() -> list[ColumnElement[bool]]:
 # The fencing token of those rows, which the request's attempt takes up.
 OWN_ROWS = select(path_locks.c.fencing_token).where(*_own_live_rows()).limit(1)
 # How long they have left, in microseconds of the database's clock.
-_HANDED_FOR = (
-    select(func.timestampdiff(literal_column("MICROSECOND"), now(), path_locks.c.expires_at))
-    .where(*_own_live_rows())
-    .limit(1)
-    .scalar_subquery()
-)
-# A queued request's check (where a release hands paths over, see
-# HAND_OVER_WAITERS): the version, and the fencing token of the rows a
-# release handed to it, if any, and how long they have left; as one JSON
-# array (see items()): every waiter polls this.
-_WATCHED = (customer_locks.c.version, OWN_ROWS.scalar_subquery(), _HANDED_FOR)
-WATCH = select(items(_WATCHED)).where(customer_locks.c.customer_id == bindparam("c_id"))
-# The same, for a request with older ones ahead of it: also how many of those
-# are still queued (by primary key), so that it judges its place anew only
-# once they have all left.
-_AHEAD_LEFT = (
-    select(func.count())
-    .where(
-        path_lock_waiters.c.ticket.in_(bindparam("ahead", expanding=True)),
-        path_lock_waiters.c.customer_id == bindparam("c_id"),
-        path_lock_waiters.c.expires_at > now(),
-    )
-    .scalar_subquery()
-)
-WATCH_AHEAD = select(items((*_WATCHED, _AHEAD_LEFT))).where(
-    customer_locks.c.customer_id == bindparam("c_id")
-)
+_LEFT_US = func.timestampdiff(literal_column("MICROSECOND"), now(), path_locks.c.expires_at)
+_HANDED_FOR = select(_LEFT_US).where(*_own_live_rows()).limit(1).scalar_subquery()
+# Both, for a waiter's judgement of its chances (MySQL, MariaDB: where
+# releases hand paths over): rows handed to it are taken up at once.
+OWN_ROWS_LEFT = select(path_locks.c.fencing_token, _LEFT_US).where(*_own_live_rows()).limit(1)
 # Those rows taken up by the request under the sentinel row (locked first, as
 # a renewal does): they expire after the term its queue row recorded unless
 # taken up, and are never extended once expired.
@@ -651,6 +635,11 @@ CREATE_SENTINEL = insert_if_absent(customer_locks).values(customer_id=bindparam(
 RELEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
     path_locks.c.lease_id == bindparam("l_id"),
+)
+# The same, in a batch that also grants another lease (:l_id) its paths.
+RELEASE_BEFORE_HAND_OVER = delete(path_locks).where(
+    path_locks.c.customer_id == bindparam("c_id"),
+    path_locks.c.lease_id == bindparam("released_l_id", type_=String),
 )
 # By the owner's key only: node, pid and thread repeat across containers and
 # thread pools (see pathlock._owners).
@@ -846,9 +835,6 @@ def _live_waiters(*columns: Any) -> Select[Any]:
 
 
 LIVE_WAITERS = _live_waiters(*WAITER_COLUMNS)
-WAITER_ITEM = tuple(column.name for column in WAITER_COLUMNS)
-# LIVE_WAITERS with each row as one JSON array, in WAITER_ITEM's order (see items()).
-LIVE_WAITER_ITEMS = _live_waiters(items(WAITER_COLUMNS))
 # How many queued requests a release reads: the head of the queue, to hand its
 # paths to, and whether anyone behind it waited for them.
 HAND_OVER_WAITERS = 16
@@ -857,6 +843,9 @@ HAND_OVER_WAITERS = 16
 # uncontended release reads.
 _QUEUE_COLUMNS = (*WAITER_COLUMNS, path_lock_waiters.c.hand_over_us)
 QUEUE_ITEM = tuple(column.name for column in _QUEUE_COLUMNS)
+# LIVE_WAITERS with each row as one JSON array, in QUEUE_ITEM's order (see
+# items()): a waiter that finds paths handed to it learns who is next in line.
+LIVE_WAITER_ITEMS = _live_waiters(items(_QUEUE_COLUMNS))
 QUEUE_HEAD = (
     select(items(_QUEUE_COLUMNS))
     .where(
@@ -865,4 +854,34 @@ QUEUE_HEAD = (
     )
     .order_by(path_lock_waiters.c.ticket)
     .limit(HAND_OVER_WAITERS)
+)
+
+# A queued request's check (where a release hands paths over, see
+# HAND_OVER_WAITERS): the version, and the fencing token of the rows a
+# release handed to it, if any, and how long they have left; and, if it was
+# handed rows, the head of the queue as a release reads it (QUEUE_HEAD's
+# first row, or null): the request this one hands the paths to when it
+# releases them, without a round trip to read the queue first (Store.release).
+# As one JSON array (see items()): every waiter polls this.
+_OWN_TOKEN = OWN_ROWS.scalar_subquery()
+_NEXT_IN_LINE = case(
+    (_OWN_TOKEN.is_not(None), QUEUE_HEAD.limit(1).scalar_subquery()),
+    else_=null(),
+)
+_WATCHED = (customer_locks.c.version, _OWN_TOKEN, _HANDED_FOR, _NEXT_IN_LINE)
+WATCH = select(items(_WATCHED)).where(customer_locks.c.customer_id == bindparam("c_id"))
+# The same, for a request with older ones ahead of it: also how many of those
+# are still queued (by primary key), so that it judges its place anew only
+# once they have all left.
+_AHEAD_LEFT = (
+    select(func.count())
+    .where(
+        path_lock_waiters.c.ticket.in_(bindparam("ahead", expanding=True)),
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.expires_at > now(),
+    )
+    .scalar_subquery()
+)
+WATCH_AHEAD = select(items((*_WATCHED, _AHEAD_LEFT))).where(
+    customer_locks.c.customer_id == bindparam("c_id")
 )

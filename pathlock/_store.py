@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
@@ -45,12 +46,14 @@ from pathlock._records import (
     grant_parameters,
     item_row,
     lock_info,
+    values_row,
     waiter_info,
     waiter_parameters,
 )
 from pathlock._statements import (
     BUMP,
     BUMP_IF_UNMOVED,
+    BUMP_UNLESS_HANDED,
     CLAIM,
     CLAIM_IF_GRANTED,
     CLAIM_SENTINELS,
@@ -71,19 +74,20 @@ from pathlock._statements import (
     MAX_BLOCKERS,
     NO_TICKET,
     OWN_ROWS,
+    OWN_ROWS_LEFT,
     OWNER_LOCK_ITEMS,
     OWNER_LOCKS,
     QUEUE_HEAD,
     QUEUE_ITEM,
     REFRESH_WAITER,
     RELEASE,
+    RELEASE_BEFORE_HAND_OVER,
     RELEASE_OWNER,
     RENEW,
     SET_GRANT_UNTIL,
     TAKE_UP,
     UNBUMP,
     VERSION,
-    WAITER_ITEM,
     WATCH,
     WATCH_AHEAD,
     blocker_items,
@@ -140,6 +144,11 @@ class _Picture:
     ahead: tuple[WaiterInfo, ...]
     owner_locks: _OwnerLocks
     handed: int | None = None
+    handed_for: float = 0.0
+    """How long the rows handed over have left, in seconds (where read)."""
+    queued_rows: Sequence[Any] | None = None
+    """With ``handed``: the queue's rows as read, with the columns a release
+    reads (``None`` where the reads have not those)."""
 
     @classmethod
     def read(
@@ -184,7 +193,7 @@ class _Picture:
             (blocker_items(shape(request.paths)), parameters),
             (LIVE_WAITER_ITEMS, parameters),
             (OWNER_LOCK_ITEMS, parameters),
-            (OWN_ROWS, parameters),
+            (OWN_ROWS_LEFT, parameters),
         ]
 
     @classmethod
@@ -201,7 +210,7 @@ class _Picture:
         owner_locks = _OwnerLocks(connection, parameters, request.abandoned)
         owner_locks.known([json.loads(row.item) for row in owned.rows])
         blocking = [item_row(LOCK_ITEM, row.item) for row in found.rows]
-        queue = [item_row(WAITER_ITEM, row.item) for row in waiting.rows]
+        queue = [item_row(QUEUE_ITEM, row.item) for row in waiting.rows]
         return cls._judge(request, ticket, blocking, queue, owner_locks, own=own.rows)
 
     @classmethod
@@ -216,7 +225,10 @@ class _Picture:
         own: Sequence[Any],
     ) -> _Picture:
         if own:
-            return cls((), [], (), owner_locks, int(own[0][0]))
+            token, *left = own[0]
+            handed_for = left[0] / 1_000_000 if left and left[0] is not None else 0.0
+            rows = queue if left else None  # the batched reads (see steps())
+            return cls((), [], (), owner_locks, int(token), max(0.0, handed_for), rows)
         blockers = tuple(lock_info(row) for row in blocking)
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
@@ -291,6 +303,19 @@ def _well_formed(paths: Sequence[PathMode]) -> bool:
         return False
 
 
+def _queue_row(item: Any) -> Any:
+    """A queued request as a release reads it (``QUEUE_ITEM``), from its JSON
+    array nested in another read's (parsed, or as text); ``None`` stays."""
+    if item is None:
+        return None
+    try:
+        if isinstance(item, str):  # MySQL may return it as text
+            item = json.loads(item)
+        return values_row(QUEUE_ITEM, item)
+    except (ValueError, TypeError):
+        return SimpleNamespace()  # unreadable: nobody pathlock knows
+
+
 def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
     """What a release read: the version its lock of the sentinel row read, the
     oldest queued requests (``QUEUE_HEAD``'s rows, each a JSON array). A row
@@ -326,6 +351,10 @@ class Store:
         self.home = transactions.home
         # Customer id -> monotonic time it was last seen with a queue.
         self._queued: dict[int, float] = {}
+        # Lease id -> the request next in line when a release handed the
+        # lease its paths (None: nobody was), the one its own release hands
+        # them to.
+        self._heirs: dict[str, _Heir | None] = {}
 
     def _seen_queued(self, customer_id: int) -> None:
         now = time.monotonic()
@@ -690,8 +719,16 @@ class Store:
         def attempt(connection: Connection, _number: int) -> Outlook:
             picture = _Picture.read(connection, request, ticket, parameters, end=True)
             if picture.handed is not None:
-                # Handed over by a release: the attempt takes them up.
-                return Outlook(free=True, next_in_line=True)
+                # Handed over by a release since the request's last check.
+                if picture.queued_rows is not None:
+                    head = picture.queued_rows[0] if picture.queued_rows else None
+                    self._note_heir(request.customer_id, request.lease_id, head)
+                return Outlook(
+                    free=True,
+                    next_in_line=True,
+                    handed=picture.handed,
+                    handed_for=picture.handed_for,
+                )
             return Outlook(
                 free=not picture.blockers and not picture.ahead,
                 next_in_line=not picture.ahead,
@@ -783,7 +820,9 @@ class Store:
                 connection.rollback()
             if row is None:
                 return Watched(0, looked=looked)
-            handed, handed_us, left = (*row[1:], None, None, None)[:3]
+            handed, handed_us, next_in_line, left = (*row[1:], None, None, None, None)[:4]
+            if handed is not None and lease_id is not None:
+                self._note_heir(customer_id, lease_id, _queue_row(next_in_line))
             return Watched(
                 int(row[0]),
                 None if handed is None else int(handed),
@@ -863,17 +902,22 @@ class Store:
         release also reads the head of the customer's queue and, if that
         request waited for the released ``paths`` (``None``: it may have),
         grants it them: the next in line learns it at its next check, without
-        an attempt of its own. For a customer seen with a queue moments ago
-        that happens in the release's own transaction
-        (:meth:`_release_handing_over`); otherwise the release is one round
-        trip, and a queue it finds is handed the paths in a transaction of its
-        own (:meth:`_hand_over`). Elsewhere a release moves the customer's
-        version, and the waiters try for themselves."""
+        an attempt of its own. A lease that was itself handed its paths knows
+        who was next in line then, and hands them on in the release's one
+        round trip (:meth:`_release_to`); for a customer seen with a queue
+        moments ago the release reads the queue and hands over in the same
+        transaction (:meth:`_release_handing_over`); otherwise the release is
+        one round trip, and a queue it finds is handed the paths in a
+        transaction of its own (:meth:`_hand_over`). Elsewhere a release moves
+        the customer's version, and the waiters try for themselves."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
+        known, heir = self._heir_of(lease_id, paths)
 
         def attempt(connection: Connection, number: int) -> tuple[int | None, _Queue | None]:
             if number == 1 and batch.commits_in_batches(connection):
-                if self._likely_queued(customer_id):
+                if heir is not None:
+                    return self._release_to(connection, customer_id, parameters, heir), None
+                if not known and self._likely_queued(customer_id):
                     return self._release_handing_over(connection, customer_id, parameters, paths)
                 return self._release_in_one(connection, customer_id, parameters)
             deleted = self._release_moving(connection, customer_id, parameters)
@@ -1022,6 +1066,15 @@ class Store:
         request; then move the version from ``seen`` unless the grant did.
         ``sentinel_locked``: this transaction holds the sentinel row
         already."""
+        steps = [] if sentinel_locked else [(LOCK_SENTINEL, {"c_id": customer_id})]
+        steps += self._handing_to(customer_id, heir)
+        steps.append((BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}))
+        batch.run(connection, [(SET_GRANT_UNTIL, self._until()), *steps], commit=True)
+
+    def _handing_to(self, customer_id: int, heir: _Heir) -> list[tuple[Any, dict[str, Any]]]:
+        """The statements that grant ``heir`` its paths, under the sentinel row
+        (locked before them): the grant, the sentinel written and the queue row
+        deleted only if it inserted."""
         head = heir.request
         request = GrantRequest(
             customer_id=customer_id,
@@ -1038,16 +1091,80 @@ class Store:
             shape(request.paths), queued=True, sentinel_after=True, handed=True
         )
         ticket = {"c_id": customer_id, "l_id": head.lease_id, "w_ticket": head.ticket}
-        steps: list[tuple[Any, dict[str, Any]]] = [(SET_GRANT_UNTIL, self._until())]
-        if not sentinel_locked:
-            steps.append((LOCK_SENTINEL, {"c_id": customer_id}))
-        steps += [
+        return [
             (statement, parameters),
             (CLAIM_IF_GRANTED, claim),
             (DEQUEUE_IF_GRANTED, ticket),
-            (BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}),
         ]
-        batch.run(connection, steps, commit=True)
+
+    def _note_heir(self, customer_id: int, lease_id: str, row: Any) -> None:
+        """Keep the request that is next in line now that ``lease_id`` was
+        handed its paths (``row``: the head of the queue, with the columns a
+        release reads; ``None``: nobody is queued), for the release of that
+        lease (:meth:`_heir_of`)."""
+        heir: _Heir | None = None
+        if row is not None:
+            try:
+                heir = _Heir(waiter_info(row), int(row.hand_over_us))
+            except (ValueError, TypeError, AttributeError):
+                # Not a request pathlock could have queued (written by hand),
+                # or queued by an older pathlock: the release reads the queue.
+                log.debug("customer %d: unreadable queued request %.200r", customer_id, row)
+                return
+            if heir.term_us <= 0 or heir.request.customer_id != customer_id:
+                return
+        if len(self._heirs) >= _QUEUED_KEPT:
+            self._heirs.clear()  # leases never released here: forget them all
+        self._heirs[lease_id] = heir
+
+    def _heir_of(
+        self, lease_id: str, released: Sequence[PathMode] | None
+    ) -> tuple[bool, _Heir | None]:
+        """Whether ``lease_id`` was handed its paths by a release (then it
+        knows who was next in line; see :meth:`watch`), and that request, if
+        a release of ``released`` (``None``: unknown) can hand them on to it;
+        forgotten either way."""
+        if not self._heirs or lease_id not in self._heirs:
+            return False, None
+        heir = self._heirs.pop(lease_id, None)
+        if heir is None or not _well_formed(heir.request.paths):
+            return True, None
+        if released is not None and not requests_conflict(heir.request.paths, released):
+            return True, None
+        return True, heir
+
+    def _release_to(
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any], heir: _Heir
+    ) -> int:
+        """A release that hands its paths to ``heir``, the request next in line
+        when this lease was handed them, in one round trip with its COMMIT:
+        the sentinel row locked, the rows deleted, the grant (only if the
+        request is still queued and alive, the oldest live one, and nothing
+        is in its way: as :meth:`_grant_head`), and the version moved unless
+        it was granted, so that whoever waits tries for itself. The rows
+        deleted."""
+        _until, locked, deleted, *_ = batch.run(
+            connection,
+            [
+                (SET_GRANT_UNTIL, self._until()),
+                (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
+                (
+                    RELEASE_BEFORE_HAND_OVER,
+                    {"c_id": customer_id, "released_l_id": parameters["l_id"]},
+                ),
+                *self._handing_to(customer_id, heir),
+                (BUMP_UNLESS_HANDED, {"c_id": customer_id}),
+            ],
+            commit=True,
+        )
+        self._seen_queued(customer_id)
+        if not locked.rowcount:
+            # Rows without a sentinel row (an operator deleted it): the
+            # deletion is committed (nothing else was); make the row, so
+            # waiters see a new version.
+            self._tx.bump(connection, customer_id)
+            connection.commit()
+        return int(deleted.rowcount)
 
     def forget(self, customer_id: int, lease_id: str) -> int:
         """Delete every row of ``lease_id``, locks and queue row alike, in one

@@ -107,14 +107,16 @@ def _as_if_queued_by_an_older_pathlock(manager: PathLockManager, customer_id: in
         )
 
 
-def _queue(store: Store, customer_id: int, paths: tuple[PathMode, ...]) -> tuple[GrantRequest, int]:
+def _queue(
+    store: Store, customer_id: int, paths: tuple[PathMode, ...], owner: str = "queued"
+) -> tuple[GrantRequest, int]:
     """A request of ``paths`` that an attempt through ``store`` queued (something
-    must be in its way), and its ticket."""
+    of another ``owner`` must be in its way), and its ticket."""
     request = GrantRequest(
         customer_id,
         secrets.token_hex(16),
         paths,
-        Owner("queued", 1, "t", "queued.t1"),
+        Owner(owner, 1, "t", f"{owner}.t1"),
         "",
         30.0,
     )
@@ -609,3 +611,101 @@ def test_only_a_requests_first_attempt_skips_the_look_for_its_own_rows(
         assert firsts[0] is True
         assert len(firsts) >= 2
         assert not any(firsts[1:])
+
+
+def _handed_with_one_behind(
+    manager: PathLockManager,
+    customer_id: int,
+    behind: tuple[PathMode, ...] = (("/a", "exclusive"),),
+) -> tuple[GrantRequest, GrantRequest, int]:
+    """A request of /a handed the path by a release, which its check found,
+    with a request of ``behind`` queued after it: both requests, and the
+    ticket of the second."""
+    locks = manager.for_customer(customer_id)
+    store: Store = manager._store
+    lease = locks.lock_paths("/a")
+    first, _ = _queue(store, customer_id, normalize_request(["/a"], []))
+    second, ticket = _queue(store, customer_id, behind)
+    lease.release()
+    watched = store.watch(customer_id, first.lease_id, ())
+    assert watched.handed == lease.fencing_token + 1
+    return first, second, ticket
+
+
+def test_a_lease_handed_its_paths_hands_them_on_in_its_release(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check that found the paths handed to a request also read who was
+    next in line: the lease's release hands them on in its own round trip,
+    for that request's waiter ttl, as a release that reads the queue
+    first would."""
+    with PathLockManager(mariadb_url, heartbeat=False, settings=SETTINGS) as manager:
+        store: Store = manager._store
+        first, second, _ticket = _handed_with_one_behind(manager, customer_id)
+        version = _version(manager, customer_id)
+        with sent(monkeypatch) as commands:
+            assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert [_statements(command) for command in commands] == [
+            ["SET", "UPDATE", "DELETE", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"]
+        ], commands
+        (row,) = _rows(manager, customer_id)
+        assert (row.lease_id, row.path, row.fencing_token) == (second.lease_id, "/a", version + 1)
+        assert 0 < row.left_s <= WAITER_TTL
+        assert _version(manager, customer_id) == version + 1
+        assert manager.list_waiters(customer_id) == []
+        store.release(customer_id, second.lease_id)
+
+
+def test_a_hand_on_to_a_request_that_left_the_queue_moves_the_version(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The request next in line when the paths were handed over gave up
+    before the release: it is handed nothing, and the version moves, so that
+    the one queued behind it tries for itself."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        first, second, ticket = _handed_with_one_behind(manager, customer_id)
+        third, _ = _queue(store, customer_id, normalize_request(["/a"], []), owner="third")
+        store.leave_queue(customer_id, second.lease_id, ticket)
+        version = _version(manager, customer_id)
+        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert _rows(manager, customer_id) == []
+        assert _version(manager, customer_id) == version + 1
+        assert [info.lease_id for info in manager.list_waiters(customer_id)] == [third.lease_id]
+
+
+def test_a_hand_on_to_a_request_still_blocked_moves_the_version(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The request next in line also waits for a path someone else holds: it
+    is handed nothing (all or none), stays queued, and the version moves."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        other = manager.for_customer(customer_id).lock_paths("/b", owner="other")
+        first, second, _ticket = _handed_with_one_behind(
+            manager, customer_id, normalize_request(["/a", "/b"], [])
+        )
+        store: Store = manager._store
+        version = _version(manager, customer_id)
+        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
+        assert _version(manager, customer_id) == version + 1
+        assert [info.lease_id for info in manager.list_waiters(customer_id)] == [second.lease_id]
+        other.release()
+
+
+def test_a_hand_on_whose_commit_reply_is_lost_lands(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release that hands the paths on lands and its reply is lost: the
+    release does not fail, and the next in line has the paths."""
+    faults = CommitFaults(monkeypatch)
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        first, second, _ticket = _handed_with_one_behind(manager, customer_id)
+        version = _version(manager, customer_id)
+        faults.lose_reply()
+        # The retry finds the rows gone: the first attempt may have deleted them.
+        assert store.release(customer_id, first.lease_id, paths=first.paths) is None
+        (row,) = _rows(manager, customer_id)
+        assert (row.lease_id, row.fencing_token) == (second.lease_id, version + 1)
+        store.release(customer_id, second.lease_id)
