@@ -123,6 +123,11 @@ def ceiling() -> float:
     return math.inf if current is None else current.ends
 
 
+def capped(seconds: float) -> float:
+    """``seconds``, or fewer: a wait that ends with the limits in force."""
+    return min(seconds, max(0.0, ceiling() - _monotonic()))
+
+
 def time_left(configured: float | None) -> float | None:
     """Seconds a wait may take now: ``configured`` (``None``: no timeout of
     its own), shortened to the time left under the current limit."""

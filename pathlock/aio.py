@@ -240,8 +240,8 @@ class AsyncPathLockManager:
                 await spawn(core._in_doubt.settle)
                 pending = [task for task in self._tasks if not task.done()]
                 if pending:
-                    left = max(0.0, deadlines.ceiling() - time.monotonic())
-                    await asyncio.wait(pending, timeout=min(core.settings.close_wait, left))
+                    timeout = deadlines.capped(core.settings.close_wait)
+                    await asyncio.wait(pending, timeout=timeout)
         await self._direct(core._finish_close)
         core._loop_runner.shutdown()
 

@@ -1180,6 +1180,6 @@ class _Calls:
     def wait_idle(self, timeout: float) -> None:
         """Wait until no call is running, at most ``timeout`` seconds and
         never past the limit in force (close()'s bound)."""
-        timeout = min(timeout, max(0.0, deadlines.ceiling() - time.monotonic()))
+        timeout = deadlines.capped(timeout)
         with self._condition:
             self._condition.wait_for(lambda: not self._count, timeout)
