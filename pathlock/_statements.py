@@ -709,6 +709,53 @@ ENQUEUE = insert(path_lock_waiters).values(
     expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)),
     hand_over_us=bindparam("w_hand_over_us", type_=BigInteger),
 )
+
+
+@functools.lru_cache(maxsize=128)
+def enqueue_if_blocked(form: Shape) -> Insert:
+    """ENQUEUE's row, in the batch of a grant in one round trip (see
+    ``Store.try_grant``), only if that grant was refused because a live row
+    of another lease is in the request's way: right after
+    ``CLAIM_IF_GRANTED`` (by ``ROW_COUNT()``: it wrote nothing), under the
+    customer's case rule, and while the client still waits for the reply
+    (:data:`SET_GRANT_UNTIL`). A grant refused only by the queue queues
+    nothing here: who goes first is judged request by request."""
+    blocked = or_(*(~condition for condition in _no_conflict(form)))
+    values = select(
+        bindparam("c_id", type_=BigInteger),
+        bindparam("l_id", type_=String),
+        bindparam("w_paths", type_=String),
+        bindparam("o_node", type_=String),
+        bindparam("o_pid", type_=Integer),
+        bindparam("o_thread", type_=String),
+        bindparam("o_key", type_=String),
+        bindparam("why", type_=String),
+        now(),
+        now_plus(bindparam("w_ttl_us", type_=BigInteger)),
+        bindparam("w_hand_over_us", type_=BigInteger),
+    ).where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        func.row_count() == literal_column("0"),
+        _case_rule_holds(),
+        now() < _GRANT_UNTIL,
+        blocked,
+    )
+    columns = [
+        "customer_id",
+        "lease_id",
+        "paths",
+        "node_id",
+        "pid",
+        "thread",
+        "owner_key",
+        "reason",
+        "created_at",
+        "expires_at",
+        "hand_over_us",
+    ]
+    return insert(path_lock_waiters).from_select(columns, values)
+
+
 # A retried attempt whose enqueue may have committed finds its own row by lease.
 ENQUEUED = (
     select(path_lock_waiters.c.ticket)

@@ -92,6 +92,7 @@ from pathlock._statements import (
     WATCH_AHEAD,
     blocker_items,
     blockers_query,
+    enqueue_if_blocked,
     grant_statement,
     shape,
 )
@@ -355,6 +356,9 @@ class Store:
         # lease its paths (None: nobody was), the one its own release hands
         # them to.
         self._heirs: dict[str, _Heir | None] = {}
+        # Customer id -> (monotonic time, paths) of this manager's last
+        # hand-over that granted them.
+        self._handed: dict[int, tuple[float, Sequence[PathMode]]] = {}
 
     def _seen_queued(self, customer_id: int) -> None:
         now = time.monotonic()
@@ -425,9 +429,16 @@ class Store:
             if number == 1 and self.dialect.can_batch(connection):
                 denied = False
                 if batch.commits_in_batches(connection):
+                    if queue and first and self._handed_on_lately(request):
+                        # Likely blocked by the lease this manager has just
+                        # handed the paths to: queued in the same round trip.
+                        outcome = self._queue_in_one(connection, request)
+                        if outcome is not None:
+                            return outcome
+                        denied = True
                     # With a queue (seen moments ago), the grant in one round
                     # trip is denied: it requires an empty one.
-                    if ticket is not None or not self._likely_queued(request.customer_id):
+                    elif ticket is not None or not self._likely_queued(request.customer_id):
                         granted = self._grant_in_one(connection, request, ticket, first=first)
                         if granted is not None:
                             return granted
@@ -514,6 +525,65 @@ class Store:
                 ),
             )
         return Granted(int(claimed.lastrowid))
+
+    def _queue_in_one(
+        self, connection: Connection, request: GrantRequest
+    ) -> Granted | Blocked | Deadlocked | None:
+        """A request's first attempt that expects to wait (see
+        :meth:`_handed_on_lately`), in one round trip with its COMMIT: the
+        grant in one round trip, and if a live row of another lease is in its
+        way, the queue row too, under the sentinel row as an attempt queues,
+        with the reads that say who is in the way; the sentinel row is held
+        for one round trip, not two. ``None`` if neither happened (nothing
+        was written: the request waits only for the queue, or the sentinel
+        row is missing): the caller attempts the usual way. A request queued
+        so that would wait for itself or for a request that waits for it
+        leaves the queue at once."""
+        customer = request.customer_id
+        parameters = self._grant_parameters(request, None)
+        parameters.update(self._tx.claim_parameters(customer))
+        parameters.update(waiter_parameters(request, self.settings.waiter_ttl))
+        form = shape(request.paths)
+        steps: list[tuple[Any, dict[str, Any]]] = [
+            (SET_GRANT_UNTIL, self._until()),
+            (LOCK_AND_READ_SENTINEL, {"c_id": customer}),
+            (
+                grant_statement(form, queued=True, sentinel_after=True, fresh=True),
+                parameters,
+            ),
+            (CLAIM_IF_GRANTED, self._tx.claim_parameters(customer)),
+            (enqueue_if_blocked(form), parameters),
+            *_Picture.steps(request, parameters),
+        ]
+        _until, locked, granted, claimed, enqueued, *reads = batch.run(
+            connection, steps, commit=True
+        )
+        if claimed.rowcount:
+            if granted.rowcount != len(request.paths) or claimed.rowcount != 1:
+                raise BackendError(
+                    "acquiring locks",
+                    RuntimeError(
+                        f"{granted.rowcount} of {len(request.paths)} rows inserted and the"
+                        f" sentinel written {claimed.rowcount} times; committed"
+                    ),
+                )
+            return Granted(int(claimed.lastrowid))
+        if not enqueued.rowcount:
+            return None
+        ticket = int(enqueued.lastrowid)
+        self._seen_queued(customer)
+        picture = _Picture.judged(connection, request, ticket, parameters, reads)
+        deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
+        if deadlock is not None:
+            # Waiting could never succeed: out of the queue again, and the
+            # version moves for whoever judged its place behind it.
+            self._tx.bump(connection, customer)
+            connection.execute(
+                DEQUEUE, {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket}
+            )
+            connection.commit()
+            return deadlock
+        return Blocked(picture.blockers, picture.ahead, ticket, int(locked.lastrowid))
 
     def _until(self) -> dict[str, Any]:
         """The parameters of ``SET_GRANT_UNTIL``: until when this transaction's
@@ -1069,7 +1139,26 @@ class Store:
         steps = [] if sentinel_locked else [(LOCK_SENTINEL, {"c_id": customer_id})]
         steps += self._handing_to(customer_id, heir)
         steps.append((BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}))
-        batch.run(connection, [(SET_GRANT_UNTIL, self._until()), *steps], commit=True)
+        replies = batch.run(connection, [(SET_GRANT_UNTIL, self._until()), *steps], commit=True)
+        if replies[-4].rowcount:  # the grant's
+            self._handed_to(customer_id, heir)
+
+    def _handed_to(self, customer_id: int, heir: _Heir) -> None:
+        """A release of this manager granted ``heir`` its paths."""
+        if len(self._handed) >= _QUEUED_KEPT:
+            self._handed.clear()
+        self._handed[customer_id] = (time.monotonic(), heir.request.paths)
+
+    def _handed_on_lately(self, request: GrantRequest) -> bool:
+        """Whether a release of this manager handed paths that conflict with
+        ``request``'s to another request moments ago: then that request likely
+        holds them still, and ``request`` will wait."""
+        handed = self._handed.get(request.customer_id) if self._handed else None
+        return (
+            handed is not None
+            and time.monotonic() - handed[0] < QUEUED_FOR
+            and requests_conflict(handed[1], request.paths)
+        )
 
     def _handing_to(self, customer_id: int, heir: _Heir) -> list[tuple[Any, dict[str, Any]]]:
         """The statements that grant ``heir`` its paths, under the sentinel row
@@ -1143,7 +1232,7 @@ class Store:
         is in its way: as :meth:`_grant_head`), and the version moved unless
         it was granted, so that whoever waits tries for itself. The rows
         deleted."""
-        _until, locked, deleted, *_ = batch.run(
+        _until, locked, deleted, granted, *_ = batch.run(
             connection,
             [
                 (SET_GRANT_UNTIL, self._until()),
@@ -1158,6 +1247,8 @@ class Store:
             commit=True,
         )
         self._seen_queued(customer_id)
+        if granted.rowcount:
+            self._handed_to(customer_id, heir)
         if not locked.rowcount:
             # Rows without a sentinel row (an operator deleted it): the
             # deletion is committed (nothing else was); make the row, so

@@ -27,7 +27,7 @@ from sqlalchemy import text
 
 from pathlock import Lease, Owner, PathLockManager, Settings
 from pathlock import _batch as batch
-from pathlock._records import Blocked, Granted, GrantRequest
+from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest
 from pathlock._store import Store, _Queue
 from pathlock.paths import normalize_request
 from pathlock.types import PathMode
@@ -709,3 +709,124 @@ def test_a_hand_on_whose_commit_reply_is_lost_lands(
         (row,) = _rows(manager, customer_id)
         assert (row.lease_id, row.fencing_token) == (second.lease_id, version + 1)
         store.release(customer_id, second.lease_id)
+
+
+def _request(customer_id: int, path: str, owner: str) -> GrantRequest:
+    return GrantRequest(
+        customer_id,
+        secrets.token_hex(16),
+        normalize_request([path], []),
+        Owner(owner, 1, "t", f"{owner}.t1"),
+        "",
+        30.0,
+    )
+
+
+def _handed_on(manager: PathLockManager, customer_id: int) -> GrantRequest:
+    """/a handed to a request, and by that request's release handed on to the
+    one behind it, which holds it now (returned)."""
+    store: Store = manager._store
+    first, second, _ticket = _handed_with_one_behind(manager, customer_id)
+    store.release(customer_id, first.lease_id, paths=first.paths)
+    assert [row.lease_id for row in _rows(manager, customer_id)] == [second.lease_id]
+    return second
+
+
+def _attempt(store: Store, request: GrantRequest) -> Granted | Blocked | Any:
+    return store.try_grant(request, None, queue=True, patience=time.monotonic() + 5, first=True)
+
+
+def test_a_request_after_a_hand_on_is_queued_in_one_round_trip(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager that has just handed a path on expects its next request of
+    it to wait (on a busy path its process asks again at once): the grant in
+    one round trip, the queue row if a live lock is in the way, and the
+    reads that say who is in the way, in one round trip with the COMMIT;
+    the customer's sentinel row is held for that round trip only."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        holder = _handed_on(manager, customer_id)
+        version = _version(manager, customer_id)
+        again = _request(customer_id, "/a", "again")
+        with sent(monkeypatch) as commands:
+            blocked = _attempt(store, again)
+        assert [_statements(command) for command in commands] == [
+            ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", *["SELECT"] * 4, "COMMIT"]
+        ], commands
+        assert isinstance(blocked, Blocked)
+        assert [info.lease_id for info in blocked.blockers] == [holder.lease_id]
+        assert blocked.ahead == ()
+        assert blocked.version == version  # queuing moves nothing
+        (waiting,) = manager.list_waiters(customer_id)
+        assert (waiting.lease_id, waiting.ticket) == (again.lease_id, blocked.ticket)
+        assert _version(manager, customer_id) == version
+        store.leave_queue(customer_id, again.lease_id, blocked.ticket)
+        store.release(customer_id, holder.lease_id)
+
+
+def test_a_request_after_a_hand_on_of_a_path_free_again_is_granted_in_one_round_trip(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        holder = _handed_on(manager, customer_id)
+        store.release(customer_id, holder.lease_id)
+        again = _request(customer_id, "/a", "again")
+        with sent(monkeypatch) as commands:
+            granted = _attempt(store, again)
+        assert len(commands) == 1, commands
+        assert isinstance(granted, Granted)
+        assert granted.fencing_token == _version(manager, customer_id)
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [again.lease_id]
+        assert manager.list_waiters(customer_id) == []
+        store.release(customer_id, again.lease_id)
+
+
+def test_a_request_after_a_hand_on_that_waits_only_for_the_queue_is_judged_as_ever(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """The path is free, but an older request that wants it waits for another
+    one too: the round trip queues nothing (who goes first is judged request
+    by request), and the attempt after it queues the request behind that
+    one."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        holder = _handed_on(manager, customer_id)
+        other = manager.for_customer(customer_id).lock_paths("/b", owner="other")
+        older, older_ticket = _queue(
+            store, customer_id, normalize_request(["/a", "/b"], []), owner="older"
+        )
+        store.release(customer_id, holder.lease_id)
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
+        again = _request(customer_id, "/a", "again")
+        blocked = _attempt(store, again)
+        assert isinstance(blocked, Blocked)
+        assert blocked.blockers == ()
+        assert [info.ticket for info in blocked.ahead] == [older_ticket]
+        assert [info.lease_id for info in manager.list_waiters(customer_id)] == [
+            older.lease_id,
+            again.lease_id,
+        ]
+        store.leave_queue(customer_id, again.lease_id, blocked.ticket)
+        store.leave_queue(customer_id, older.lease_id, older_ticket)
+        other.release()
+
+
+def test_a_request_after_a_hand_on_that_would_wait_for_its_own_owner_leaves_the_queue(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """Queued in the same round trip, then found waiting for a lock of its own
+    owner: DeadlockDetected as ever, and its queue row is gone again (the
+    version moves for whoever judged its place behind it)."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        holder = _handed_on(manager, customer_id)  # owner "queued"
+        version = _version(manager, customer_id)
+        outcome = _attempt(store, _request(customer_id, "/a", "queued"))
+        assert isinstance(outcome, Deadlocked)
+        assert outcome.party is None
+        assert [info.lease_id for info in outcome.held_by] == [holder.lease_id]
+        assert manager.list_waiters(customer_id) == []
+        assert _version(manager, customer_id) == version + 1
+        store.release(customer_id, holder.lease_id)
