@@ -513,6 +513,14 @@ class Store:
         _until, _locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
         if granted.rowcount == 0:
             return None
+        return self._granted_in_one(request, granted, claimed)
+
+    @staticmethod
+    def _granted_in_one(
+        request: GrantRequest, granted: batch.Reply, claimed: batch.Reply
+    ) -> Granted:
+        """The grant of a round trip whose grant statement inserted rows
+        (``granted``), and the sentinel write after it (``claimed``)."""
         if granted.rowcount != len(request.paths) or claimed.rowcount != 1:
             # One consistent read decides for every path, so this cannot
             # happen; if it did, the rows are committed: the caller leaves
@@ -558,16 +566,8 @@ class Store:
         _until, locked, granted, claimed, enqueued, *reads = batch.run(
             connection, steps, commit=True
         )
-        if claimed.rowcount:
-            if granted.rowcount != len(request.paths) or claimed.rowcount != 1:
-                raise BackendError(
-                    "acquiring locks",
-                    RuntimeError(
-                        f"{granted.rowcount} of {len(request.paths)} rows inserted and the"
-                        f" sentinel written {claimed.rowcount} times; committed"
-                    ),
-                )
-            return Granted(int(claimed.lastrowid))
+        if granted.rowcount:
+            return self._granted_in_one(request, granted, claimed)
         if not enqueued.rowcount:
             return None
         ticket = int(enqueued.lastrowid)

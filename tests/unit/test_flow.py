@@ -326,13 +326,9 @@ def test_a_request_behind_others_judges_once_they_have_left() -> None:
     assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=())
 
 
-def test_paths_handed_over_before_a_judgement_are_taken_up_without_an_attempt() -> None:
-    """The requests ahead have left (the last one was granted the paths), and
-    by the time the request judges its place, that one has released and
-    handed them to this one: taken up from what the judgement read, as a
-    check that finds them does; an attempt would cost three round trips
-    more (its grant denied by the rows of its own lease, the attempt that
-    finds them, and the take-up)."""
+def _judging_once_the_one_ahead_left() -> Run:
+    """A request queued as ticket 9 behind ticket 4 where releases hand paths
+    over; its check found 4 gone, and it judges its place."""
     run = Run(handed_over=True)
     run.reply(None)
     run.reply(blocked(9, version=1, ahead=(waiter(4),)))
@@ -341,6 +337,17 @@ def test_paths_handed_over_before_a_judgement_are_taken_up_without_an_attempt() 
     run.reply(False)
     assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(4,))
     assert run.reply(Watched(2, None, 0, looked=True)) == Judge(9, 1010.0)
+    return run
+
+
+def test_paths_handed_over_before_a_judgement_are_taken_up_without_an_attempt() -> None:
+    """The requests ahead have left (the last one was granted the paths), and
+    by the time the request judges its place, that one has released and
+    handed them to this one: taken up from what the judgement read, as a
+    check that finds them does; an attempt would cost three round trips
+    more (its grant denied by the rows of its own lease, the attempt that
+    finds them, and the take-up)."""
+    run = _judging_once_the_one_ahead_left()
     judged_at = run.clock.now()
     run.clock.time += 0.01
     handed = Outlook(free=True, next_in_line=True, handed=46, handed_for=4.5)
@@ -349,14 +356,7 @@ def test_paths_handed_over_before_a_judgement_are_taken_up_without_an_attempt() 
     assert run.finish(None) == (46, judged_at, 4.5)
     assert run.flow.leave() is None  # the hand-over took the queue row
     # Rows with little time left are taken up at once.
-    run = Run(handed_over=True)
-    run.reply(None)
-    run.reply(blocked(9, version=1, ahead=(waiter(4),)))
-    run.reply()
-    run.clock.time += 0.01
-    run.reply(False)
-    run.reply(False)
-    run.reply(Watched(2, None, 0, looked=True))
+    run = _judging_once_the_one_ahead_left()
     assert run.reply(Outlook(free=True, next_in_line=True, handed=46)) == TakeUp(1010.0)
     assert run.finish(True) == (46, run.clock.now(), None)
 
