@@ -1109,18 +1109,30 @@ class Store:
                     connection, customer_id, heir, locked.lastrowid, sentinel_locked=True
                 )
             except DBAPIError as error:
-                if error.connection_invalidated or self.dialect.is_transient(error):
-                    raise  # the next attempt releases without handing over
-                # A statement was refused (the server runs nothing after it,
-                # the COMMIT included): release without handing over.
-                connection.rollback()
-                self._not_handed_over(customer_id, error)
-                return self._release_moving(connection, customer_id, parameters), None
+                return self._not_handed_on(connection, customer_id, parameters, error), None
         elif concerned:
             batch.run(connection, [(BUMP, {"c_id": customer_id})], commit=True)
         else:
             connection.commit()
         return deleted.rowcount, None
+
+    def _not_handed_on(
+        self,
+        connection: Connection,
+        customer_id: int,
+        parameters: dict[str, Any],
+        error: DBAPIError,
+    ) -> int:
+        """After a release's hand-over failed in the release's own transaction:
+        a failure that a retry may cure is raised (the retry releases without
+        handing over); a statement the server refused (it ran nothing after
+        it, the COMMIT included) is logged, and the release is made without
+        the hand-over. The rows deleted."""
+        if error.connection_invalidated or self.dialect.is_transient(error):
+            raise error
+        connection.rollback()
+        self._not_handed_over(customer_id, error)
+        return self._release_moving(connection, customer_id, parameters)
 
     def _grant_head(
         self,
@@ -1232,20 +1244,23 @@ class Store:
         is in its way: as :meth:`_grant_head`), and the version moved unless
         it was granted, so that whoever waits tries for itself. The rows
         deleted."""
-        _until, locked, deleted, granted, *_ = batch.run(
-            connection,
-            [
-                (SET_GRANT_UNTIL, self._until()),
-                (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
-                (
-                    RELEASE_BEFORE_HAND_OVER,
-                    {"c_id": customer_id, "released_l_id": parameters["l_id"]},
-                ),
-                *self._handing_to(customer_id, heir),
-                (BUMP_UNLESS_HANDED, {"c_id": customer_id}),
-            ],
-            commit=True,
-        )
+        try:
+            _until, locked, deleted, granted, *_ = batch.run(
+                connection,
+                [
+                    (SET_GRANT_UNTIL, self._until()),
+                    (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
+                    (
+                        RELEASE_BEFORE_HAND_OVER,
+                        {"c_id": customer_id, "released_l_id": parameters["l_id"]},
+                    ),
+                    *self._handing_to(customer_id, heir),
+                    (BUMP_UNLESS_HANDED, {"c_id": customer_id}),
+                ],
+                commit=True,
+            )
+        except DBAPIError as error:
+            return self._not_handed_on(connection, customer_id, parameters, error)
         self._seen_queued(customer_id)
         if granted.rowcount:
             self._handed_to(customer_id, heir)

@@ -830,3 +830,28 @@ def test_a_request_after_a_hand_on_that_would_wait_for_its_own_owner_leaves_the_
         assert manager.list_waiters(customer_id) == []
         assert _version(manager, customer_id) == version + 1
         store.release(customer_id, holder.lease_id)
+
+
+def test_a_hand_on_the_server_refuses_still_releases(
+    mariadb_url: str,
+    customer_id: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The hand-on in the release's round trip fails with an error no retry
+    helps (here: a statement the server refuses, after which it runs nothing
+    of the query): the release is made without it, the version moves so that
+    the next in line tries for itself, and a warning says so."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        store: Store = manager._store
+        first, second, ticket = _handed_with_one_behind(manager, customer_id)
+        version = _version(manager, customer_id)
+        refused = [(text("SELECT * FROM pathlock_no_such_table"), {})]
+        monkeypatch.setattr(Store, "_handing_to", lambda *_args: refused)
+        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        monkeypatch.undo()
+        assert "could not hand customer" in caplog.text
+        assert _rows(manager, customer_id) == []
+        assert _version(manager, customer_id) == version + 1
+        assert [info.ticket for info in manager.list_waiters(customer_id)] == [ticket]
+        store.leave_queue(customer_id, second.lease_id, ticket)
