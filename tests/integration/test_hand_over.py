@@ -732,7 +732,7 @@ def _handed_on(manager: PathLockManager, customer_id: int) -> GrantRequest:
     return second
 
 
-def _attempt(store: Store, request: GrantRequest) -> Granted | Blocked | Any:
+def _attempt(store: Store, request: GrantRequest) -> Granted | Blocked | Deadlocked:
     return store.try_grant(request, None, queue=True, patience=time.monotonic() + 5, first=True)
 
 
