@@ -435,7 +435,6 @@ class Store:
                         outcome = self._queue_in_one(connection, request)
                         if outcome is not None:
                             return outcome
-                        denied = True
                     # With a queue (seen moments ago), the grant in one round
                     # trip is denied: it requires an empty one.
                     elif ticket is not None or not self._likely_queued(request.customer_id):
