@@ -576,11 +576,7 @@ class Store:
         if deadlock is not None:
             # Waiting could never succeed: out of the queue again, and the
             # version moves for whoever judged its place behind it.
-            self._tx.bump(connection, customer)
-            connection.execute(
-                DEQUEUE, {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket}
-            )
-            connection.commit()
+            self._leave(connection, customer, request.lease_id, ticket)
             return deadlock
         return Blocked(picture.blockers, picture.ahead, ticket, int(locked.lastrowid))
 
@@ -821,13 +817,17 @@ class Store:
         instead of at their next recheck."""
 
         def attempt(connection: Connection, _number: int) -> None:
-            self._tx.bump(connection, customer_id)
-            parameters = {"c_id": customer_id, "l_id": lease_id, "w_ticket": ticket}
-            connection.execute(DEQUEUE, parameters)
-            connection.execute(RELEASE, {"c_id": customer_id, "l_id": lease_id})
-            connection.commit()
+            self._leave(connection, customer_id, lease_id, ticket)
 
         self._tx.run("leaving the queue", attempt, customer_id=customer_id, deadline=deadline)
+
+    def _leave(self, connection: Connection, customer_id: int, lease_id: str, ticket: int) -> None:
+        """:meth:`leave_queue`'s transaction, on ``connection``."""
+        self._tx.bump(connection, customer_id)
+        parameters = {"c_id": customer_id, "l_id": lease_id, "w_ticket": ticket}
+        connection.execute(DEQUEUE, parameters)
+        connection.execute(RELEASE, {"c_id": customer_id, "l_id": lease_id})
+        connection.commit()
 
     def refresh_waiter(
         self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
