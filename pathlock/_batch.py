@@ -120,6 +120,14 @@ def may_commit(dialect: Dialect) -> bool:
     return dialect in _COMMITTING
 
 
+def rolls_back_in_batches(connection: Connection) -> bool:
+    """Whether a batch on ``connection`` may end with a ROLLBACK: its engine
+    was set up for batches that end its transactions, and the connection
+    takes batches at all. A server that wants its COMMITs alone (a Galera
+    node) takes a read's ROLLBACK in the read's round trip all the same."""
+    return connection.dialect in _COMMITTING and supports_batches(connection)
+
+
 def commits_in_batches(connection: Connection) -> bool:
     """Whether a batch on ``connection`` may carry its COMMIT: its engine was
     set up for it, the connection takes batches at all, and its server does
@@ -152,7 +160,7 @@ def run(
     lands all the same); one whose statement was refused is not (the
     server runs nothing of a batch after an error).
 
-    ``rollback`` (only where :func:`commits_in_batches`): a ROLLBACK ends
+    ``rollback`` (only where :func:`rolls_back_in_batches`): a ROLLBACK ends
     the batch instead, for reads that need nothing kept: a waiter's check
     is one round trip, not two."""
     if commit and rollback:

@@ -141,9 +141,10 @@ class Behind:
 @dataclass(frozen=True, slots=True)
 class ReadVersion:
     """Reply: a :class:`Watched`: the customer's sentinel version (a plain
-    read) and, where ``handed`` (the request is queued), the fencing token of
-    the rows a release handed to the request, if any, and how many of the
-    tickets ``ahead`` are still queued."""
+    read), how many of the tickets ``ahead`` (those of a queued request) are
+    still queued, and, where ``handed`` (the request is queued where releases
+    hand over), the fencing token of the rows a release handed to the
+    request, if any."""
 
     deadline: float | None
     handed: bool = False
@@ -430,7 +431,7 @@ class AcquireFlow:
         handed = self._queued_for_hand_over()
         self._checked_at = self._clock.now()
         watched: Watched = yield ReadVersion(
-            self._by(self.deadline), handed, self._ahead if handed else ()
+            self._by(self.deadline), handed, self._ahead if self.ticket is not None else ()
         )
         if handed and not watched.looked:
             # This database's releases do not hand paths over (a Galera

@@ -932,3 +932,9 @@ _AHEAD_LEFT = (
 WATCH_AHEAD = select(items((*_WATCHED, _AHEAD_LEFT))).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
+# The version and how many of those are still queued, where releases do not
+# hand paths over (a Galera node, SQLite): the requests behind them sleep
+# through the version's moves that are theirs instead of judging each one.
+VERSION_AHEAD = select(customer_locks.c.version, _AHEAD_LEFT).where(
+    customer_locks.c.customer_id == bindparam("c_id")
+)

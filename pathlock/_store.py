@@ -88,6 +88,7 @@ from pathlock._statements import (
     TAKE_UP,
     UNBUMP,
     VERSION,
+    VERSION_AHEAD,
     WATCH,
     WATCH_AHEAD,
     blocker_items,
@@ -860,43 +861,44 @@ class Store:
         """The customer's sentinel version, by a plain read: it moves on every
         grant and give-up, and on every release that did not hand its paths
         over, so a waiter that sees the same value as at its last attempt has
-        nothing to try again for. With a queued request's ``lease_id`` (where
-        releases hand over: see :meth:`release`), also the fencing token of
-        the rows a release handed to it, if any, and how many of the tickets
-        ``ahead`` are still queued."""
+        nothing to try again for. With ``ahead``, also how many of those
+        tickets are still queued; with a queued request's ``lease_id``, where
+        releases hand over (see :meth:`release`), also the fencing token of
+        the rows a release handed to it, if any."""
 
         def attempt(connection: Connection, _number: int) -> Watched:
             parameters: dict[str, Any] = {"c_id": customer_id}
+            if ahead:
+                parameters["ahead"] = list(ahead)
+            statement: Any = VERSION_AHEAD if ahead else VERSION
+            # Where releases hand over, the rows handed to the request too.
+            own = lease_id if batch.commits_in_batches(connection) else None
+            looked = own is not None
+            if looked:
+                parameters["l_id"] = own
+                statement = WATCH_AHEAD if ahead else WATCH
             row: Any
-            looked = False
-            if batch.commits_in_batches(connection):
+            if batch.rolls_back_in_batches(connection):
                 # The read and its ROLLBACK in one round trip: every waiter
-                # polls this. Releases over such connections hand over.
-                statement: Any = VERSION
-                looked = lease_id is not None
-                if lease_id is not None:
-                    parameters["l_id"] = lease_id
-                    statement = WATCH
-                    if ahead:
-                        parameters["ahead"] = list(ahead)
-                        statement = WATCH_AHEAD
+                # polls this.
                 (read,) = batch.run(connection, [(statement, parameters)], rollback=True)
                 row = read.rows[0] if read.rows else None
-                if row is not None and looked:
-                    row = json.loads(row.item)  # WATCH's and WATCH_AHEAD's one column
             else:
-                row = connection.execute(VERSION, parameters).first()
+                row = connection.execute(statement, parameters).first()
                 connection.rollback()
             if row is None:
                 return Watched(0, looked=looked)
+            if not looked:
+                return Watched(int(row[0]), None, int(row[1]) if ahead else None, False)
+            row = json.loads(row.item)  # WATCH's and WATCH_AHEAD's one column
             handed, handed_us, next_in_line, left = (*row[1:], None, None, None, None)[:4]
-            if handed is not None and lease_id is not None:
-                self._note_heir(customer_id, lease_id, _queue_row(next_in_line))
+            if handed is not None and own is not None:
+                self._note_heir(customer_id, own, _queue_row(next_in_line))
             return Watched(
                 int(row[0]),
                 None if handed is None else int(handed),
                 None if left is None else int(left),
-                looked,
+                True,
                 0.0 if handed_us is None else int(handed_us) / 1_000_000,
             )
 

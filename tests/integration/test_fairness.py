@@ -20,7 +20,7 @@ from typing import Any
 
 import pymysql.connections
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, create_engine, event, text
 
 from pathlock import (
     BackendError,
@@ -34,6 +34,7 @@ from pathlock import (
     WaiterInfo,
 )
 from pathlock.settings import DEFAULT as SETTINGS
+from pathlock.settings import Settings
 from tests.integration import queue_worker
 
 pytestmark = pytest.mark.timeout(120)
@@ -571,3 +572,52 @@ def test_a_waiter_watches_with_plain_reads_between_attempts(
     # the queue; polling at the policy's 10 ms would have made about 200.
     assert len(sentinel_writes) <= seconds / SETTINGS.recheck + 4
     assert len(version_reads) >= 10
+
+
+def test_where_releases_do_not_hand_over_waiters_behind_others_judge_once_they_left(
+    database_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite, and through engines passed in (one statement per query, like
+    a Galera node's COMMITs), releases hand nothing over: each request ahead
+    grants itself the path and releases it, moving the version twice. A
+    request third in line sleeps through those moves while any of the
+    requests ahead is still queued (its checks count them) and judges its
+    place, a read of every blocker and the queue, once they have all left;
+    it used to judge at every move. No recheck falls due meanwhile."""
+    settings = Settings(recheck=HANG)
+    engines = [
+        database_url if database_url.startswith("sqlite") else create_engine(database_url)
+        for _ in range(4)
+    ]
+    managers = [PathLockManager(engine, settings=settings, heartbeat=False) for engine in engines]
+    judged: list[float] = []
+    third = managers[3]._store
+    could_grant = third.could_grant
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        judged.append(time.monotonic())
+        return could_grant(*args, **kwargs)
+
+    monkeypatch.setattr(third, "could_grant", counted)
+    try:
+        holding, *waiting = (manager.for_customer(customer_id) for manager in managers)
+        lease = holding.lock_paths("/a")
+        order: list[str] = []
+        threads = []
+        for number, locks in enumerate(waiting, start=1):
+            request = Request(locks, "/a", granted=order, name=str(number), hold=False)
+            request.start()
+            threads.append(request)
+            _queued(holding, number)
+        lease.release()
+        for request in threads:
+            assert isinstance(request.outcome(), Lease)
+            request.finish()
+        assert order == ["1", "2", "3"]
+        assert len(judged) == 1, judged
+    finally:
+        for manager in managers:
+            manager.close()
+        for engine in engines:
+            if isinstance(engine, Engine):
+                engine.dispose()

@@ -326,6 +326,39 @@ def test_a_request_behind_others_judges_once_they_have_left() -> None:
     assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=())
 
 
+def test_where_releases_do_not_hand_over_a_request_behind_others_judges_once_they_left() -> None:
+    """A Galera node's or SQLite's releases hand nothing over: the requests
+    ahead grant themselves the paths and release them, each moving the
+    version. A request behind them sleeps through those moves while any of
+    them is still queued, and judges its place once they have all left."""
+    run = Run()
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4), waiter(6))))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0, ahead=(4, 6))
+    assert isinstance(run.reply(Watched(2, None, 2)), Sleep)
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert isinstance(run.reply(Watched(3, None, 1)), Sleep)
+    assert run.delays.resets == 1  # one left: the checks start over from the shortest gap
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert run.reply(Watched(4, None, 0)) == Judge(9, 1010.0)
+    # Next in line: the next move (the release of the last one ahead) goes
+    # straight to an attempt.
+    sleep = run.reply(Outlook(free=False, next_in_line=True))
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(0.01)  # the policy's: no hand-over to look for
+    run.clock.time += 0.01
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0)
+    assert run.reply(Watched(5)) == Stop()
+
+
 def _judging_once_the_one_ahead_left() -> Run:
     """A request queued as ticket 9 behind ticket 4 where releases hand paths
     over; its check found 4 gone, and it judges its place."""
