@@ -173,7 +173,7 @@ class _Picture:
             replies = batch.run(
                 connection,
                 cls.steps(request, parameters),
-                rollback=end and batch.commits_in_batches(connection),
+                rollback=end and batch.rolls_back_in_batches(connection),
             )
             picture = cls.judged(connection, request, ticket, parameters, replies)
         else:
@@ -447,6 +447,11 @@ class Store:
                     # over. The attempt below says who is in the way, and
                     # queues.
                     denied = True
+                elif ticket is None and self._likely_queued(request.customer_id):
+                    # A Galera node: with a queue seen moments ago, the first
+                    # attempt is likely denied; the reads that say who is in
+                    # the way go in its round trip.
+                    denied = True
                 outcome = self._grant_batched(connection, request, ticket, queue, denied=denied)
                 if outcome is not None:
                     return outcome
@@ -605,7 +610,8 @@ class Store:
         creates it and attempts the usual way. ``denied``: a grant in one
         round trip was just denied, so this one likely is too: the reads that
         say who is in the way go in the same round trip, which saves one
-        while the sentinel row is held."""
+        while the sentinel row is held; otherwise a queued request's queue
+        row is deleted in that round trip if the grant inserted."""
         parameters = self._grant_parameters(request, ticket)
         steps: list[tuple[Any, dict[str, Any]]] = [
             (CLAIM, self._tx.claim_parameters(request.customer_id)),
@@ -613,13 +619,19 @@ class Store:
         ]
         if denied:
             steps += _Picture.steps(request, parameters)
+        elif ticket is not None:
+            # Its queue row goes in the same round trip if the grant inserted.
+            dequeue = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
+            steps.append((DEQUEUE_IF_GRANTED, dequeue))
         bumped, granted, *reads = batch.run(connection, steps)
         if bumped.rowcount == 0:
             connection.rollback()
             return None
         token = bumped.lastrowid
         if self._all_or_none(connection, request, granted.rowcount):
-            return self._granted(connection, request, token, ticket)
+            return self._granted(connection, request, token, ticket if denied else None)
+        if not denied:
+            reads = []  # the DELETE's reply: it deleted nothing
         picture = _Picture.judged(connection, request, ticket, parameters, reads) if reads else None
         return self._denied(
             connection, request, token, ticket, queue=queue, parameters=parameters, picture=picture
@@ -760,12 +772,18 @@ class Store:
         self, connection: Connection, steps: Sequence[tuple[Any, dict[str, Any]]]
     ) -> list[batch.Reply]:
         """Run ``steps`` and commit: in one round trip where the COMMIT can
-        travel in a batch, one by one otherwise. These writes come last in a
+        travel in a batch, in two where only the statements can, one by one
+        otherwise. These writes come last in a
         transaction that holds the customer's sentinel row, which every grant
         and release of the customer waits for: on a busy customer each
         round trip saved there is one less for everyone behind it."""
         if batch.commits_in_batches(connection):
             return batch.run(connection, steps, commit=True)
+        if len(steps) > 1 and self.dialect.can_batch(connection):
+            # A Galera node: the COMMIT alone, the statements in one query.
+            replies = batch.run(connection, steps)
+            connection.commit()
+            return replies
         replies = []
         for statement, parameters in steps:
             result = connection.execute(statement, parameters)

@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 import traceback
 import warnings
@@ -44,7 +45,7 @@ from sqlalchemy import create_engine, text
 
 from pathlock import PathLockError, PathLockManager
 from servers import galera_cluster
-from tests.integration.test_round_trips import sent
+from tests.integration.test_round_trips import _statements, sent
 from tests.integration.test_stress import Hold, assert_safe, read_results, run_workers
 
 pytestmark = pytest.mark.cluster
@@ -126,6 +127,49 @@ def test_a_galera_node_gets_its_commits_alone(
         assert not commands[0].rstrip().upper().endswith("COMMIT"), commands
         assert commands[1].strip().upper() == "COMMIT", commands
         assert locks.list_locks() == []
+
+
+def test_a_waiter_on_a_galera_node_sends_its_commits_alone_and_little_else(
+    cluster: galera_cluster.GaleraCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No batch carries a COMMIT on a Galera node, but the statements before
+    one travel together: a denied request is queued in three round trips
+    (the attempt, the queue row with the version put back, the COMMIT), each
+    check while it waits is one (its ROLLBACK in the same query: a COMMIT
+    alone is what the cluster needs, not a ROLLBACK), and its grant deletes
+    its queue row in the grant's round trip, then commits."""
+    customer = secrets.randbelow(2**40) + 1
+    url = cluster.urls(DATABASE)[0]
+    with (
+        _manager(url, "holder", sync_wait=True) as holder,
+        _manager(url, "waiter", sync_wait=True) as waiter,
+    ):
+        lease = holder.for_customer(customer).lock_paths("/Shared/a")
+        locks = waiter.for_customer(customer)
+        locks.lock_paths("/Shared/b").release()  # its connection opened and set up
+        release = threading.Timer(0.3, lease.release)
+        with sent(monkeypatch, this_thread=True) as commands:
+            release.start()
+            try:
+                locks.lock_paths("/Shared/a", timeout=30).release()
+            finally:
+                release.join()
+    statements = [_statements(command) for command in commands]
+    assert statements[:3] == [
+        ["UPDATE", "INSERT"],  # the attempt, denied
+        ["SELECT"] * 4,  # who is in the way
+        ["INSERT", "UPDATE"],  # the queue row, the version put back
+    ], commands
+    assert statements[3] == ["COMMIT"], commands
+    assert statements[-4:] == [
+        ["UPDATE", "INSERT", "DELETE"],  # the grant, the queue row deleted with it
+        ["COMMIT"],
+        ["UPDATE", "DELETE"],  # the release
+        ["COMMIT"],
+    ], commands
+    checks = statements[4:-4]
+    assert checks, commands
+    assert all(check == ["SELECT", "ROLLBACK"] for check in checks), commands
 
 
 # -- the race ---------------------------------------------------------------------------
