@@ -32,23 +32,29 @@ CHILDREN = [
 ]
 
 
-@pytest.fixture
+# One holder, prober and crowded customer per backend for the whole module:
+# the 400 locks took a second to take on each of the 60 tests. Every test
+# releases what it takes.
+
+
+@pytest.fixture(scope="module")
 def holder(database_url: str) -> Iterator[PathLockManager]:
     with PathLockManager(database_url, node_id=f"ranges-{secrets.token_hex(4)}") as manager:
         yield manager
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def prober(database_url: str) -> Iterator[PathLockManager]:
     with PathLockManager(database_url, node_id=f"probe-{secrets.token_hex(4)}") as manager:
         yield manager
 
 
-@pytest.fixture
-def crowded(holder: PathLockManager, customer_id: int) -> Iterator[int]:
-    """The customer, holding many other locks: with a handful of rows the
+@pytest.fixture(scope="module")
+def crowded(holder: PathLockManager) -> Iterator[int]:
+    """A customer holding many other locks: with a handful of rows the
     server may read them all instead of the index range (and the old query
     passed); with these it uses the range, as it does in production."""
+    customer_id = secrets.randbelow(2**62) + 1
     lease = holder.for_customer(customer_id).lock_paths(*(f"/zz/{n}" for n in range(400)))
     yield customer_id
     lease.release()
