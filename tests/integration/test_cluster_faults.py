@@ -93,6 +93,11 @@ LONG_TTL = 15.0
 LONG_HOLDS = (6.0, 14.0)
 SHORT_TTL = 3.0  # fault_harness.TTL: leases that cannot be renewed are lost soon
 BEFORE = 4.0  # seconds of workload before a fault
+# The test's own leases are taken this long before the fault: their renewal
+# falls due 3 s into the stall, and they are lost only if no renewal lands
+# within 11.5 s of the fault. Taken 4 s before, they had 9.5 s, and a CI run
+# whose eviction took 9.6 s on a loaded machine lost two.
+HELD_AHEAD = 2.0
 # Every call into pathlock returns within this many seconds, whatever the
 # cluster does: the eviction stall (about 6.3 s) plus a blocking request's
 # longest timeout (2 s) and the retries of an operation that no node can serve
@@ -327,9 +332,11 @@ class HeldLeases:
     """Leases the test holds itself across a fault, one through each node
     first (a manager per node, listing the nodes from it on, with the
     workers' ttl), on paths apart from the workers' (``/held/<n>``, with the
-    reason the monitor expects). Taken ``BEFORE`` seconds ahead of the fault,
-    so that their first renewal (ttl/3 after the grant) falls due inside the
-    commit stall that the fault causes."""
+    reason the monitor expects). Taken ``HELD_AHEAD`` seconds ahead of the
+    fault, so that their first renewal (ttl/3 after the grant) falls due
+    inside the commit stall that the fault causes, and they are declared lost
+    (ttl - ttl/10 after the grant) only if no renewal lands within 11.5 s of
+    the fault."""
 
     def __init__(self, urls: list[str], customer_id: int, ttl: float) -> None:
         self.managers = [
@@ -360,8 +367,9 @@ class HeldLeases:
 
         def run(marks: dict[str, float]) -> None:
             try:
+                time.sleep(BEFORE - HELD_AHEAD)
                 self.take()
-                time.sleep(BEFORE)
+                time.sleep(HELD_AHEAD)
                 fault(marks)
                 lost.extend(self.lost())
             finally:
