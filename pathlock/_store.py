@@ -448,9 +448,10 @@ class Store:
                     # queues.
                     denied = True
                 elif ticket is None and self._likely_queued(request.customer_id):
-                    # A Galera node: with a queue seen moments ago, the first
-                    # attempt is likely denied; the reads that say who is in
-                    # the way go in its round trip.
+                    # Where COMMITs go alone (a Galera node): with a queue
+                    # seen moments ago, the first attempt is likely denied;
+                    # the reads that say who is in the way go in its round
+                    # trip.
                     denied = True
                 outcome = self._grant_batched(connection, request, ticket, queue, denied=denied)
                 if outcome is not None:
@@ -617,9 +618,10 @@ class Store:
             (CLAIM, self._tx.claim_parameters(request.customer_id)),
             (grant_statement(shape(request.paths), queued=True), parameters),
         ]
+        dequeued = not denied and ticket is not None
         if denied:
             steps += _Picture.steps(request, parameters)
-        elif ticket is not None:
+        elif dequeued:
             # Its queue row goes in the same round trip if the grant inserted.
             dequeue = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
             steps.append((DEQUEUE_IF_GRANTED, dequeue))
@@ -629,10 +631,10 @@ class Store:
             return None
         token = bumped.lastrowid
         if self._all_or_none(connection, request, granted.rowcount):
-            return self._granted(connection, request, token, ticket if denied else None)
-        if not denied:
-            reads = []  # the DELETE's reply: it deleted nothing
-        picture = _Picture.judged(connection, request, ticket, parameters, reads) if reads else None
+            return self._granted(connection, request, token, None if dequeued else ticket)
+        picture = None
+        if denied:
+            picture = _Picture.judged(connection, request, ticket, parameters, reads)
         return self._denied(
             connection, request, token, ticket, queue=queue, parameters=parameters, picture=picture
         )
@@ -772,15 +774,15 @@ class Store:
         self, connection: Connection, steps: Sequence[tuple[Any, dict[str, Any]]]
     ) -> list[batch.Reply]:
         """Run ``steps`` and commit: in one round trip where the COMMIT can
-        travel in a batch, in two where only the statements can, one by one
-        otherwise. These writes come last in a
-        transaction that holds the customer's sentinel row, which every grant
-        and release of the customer waits for: on a busy customer each
-        round trip saved there is one less for everyone behind it."""
+        travel in a batch, in two where only the statements can (a Galera
+        node), one by one otherwise. These writes come last in a transaction
+        that holds the customer's sentinel row, which every grant and release
+        of the customer waits for: on a busy customer each round trip saved
+        there is one less for everyone behind it."""
         if batch.commits_in_batches(connection):
             return batch.run(connection, steps, commit=True)
         if len(steps) > 1 and self.dialect.can_batch(connection):
-            # A Galera node: the COMMIT alone, the statements in one query.
+            # The COMMIT alone, the statements in one query.
             replies = batch.run(connection, steps)
             connection.commit()
             return replies
