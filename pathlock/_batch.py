@@ -129,13 +129,11 @@ def rolls_back_in_batches(connection: Connection) -> bool:
 
 
 def commits_in_batches(connection: Connection) -> bool:
-    """Whether a batch on ``connection`` may carry its COMMIT: its engine was
-    set up for it, the connection takes batches at all, and its server does
-    not want its COMMITs alone (:data:`pathlock.dialects.base.COMMIT_ALONE`)."""
-    return (
-        connection.dialect in _COMMITTING
-        and supports_batches(connection)
-        and not connection.connection.info.get(dialects.base.COMMIT_ALONE, False)
+    """Whether a batch on ``connection`` may carry its COMMIT: it may end
+    with a ROLLBACK (:func:`rolls_back_in_batches`), and its server does not
+    want its COMMITs alone (:data:`pathlock.dialects.base.COMMIT_ALONE`)."""
+    return rolls_back_in_batches(connection) and not connection.connection.info.get(
+        dialects.base.COMMIT_ALONE, False
     )
 
 
