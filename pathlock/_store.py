@@ -150,7 +150,8 @@ class _Picture:
     """How long the rows handed over have left, in seconds (where read)."""
     queued_rows: Sequence[Any] | None = None
     """With ``handed``: the queue's rows as read, with the columns a release
-    reads (``None`` where the reads have not those)."""
+    reads, but for the request's own (``None`` where the reads have not
+    those)."""
 
     @classmethod
     def read(
@@ -229,7 +230,12 @@ class _Picture:
         if own:
             token, *left = own[0]
             handed_for = left[0] / 1_000_000 if left and left[0] is not None else 0.0
-            rows = queue if left else None  # the batched reads (see steps())
+            rows = None
+            if left:  # the batched reads (see steps())
+                # Plain reads, one statement each: a hand-over that landed
+                # after the queue's read and before this one shows the request
+                # still queued. It is not its own next in line.
+                rows = [row for row in queue if row.lease_id != request.lease_id]
             return cls((), [], (), owner_locks, int(token), max(0.0, handed_for), rows)
         blockers = tuple(lock_info(row) for row in blocking)
         queued = [waiter_info(row) for row in queue]

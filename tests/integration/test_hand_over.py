@@ -656,6 +656,45 @@ def test_a_lease_handed_its_paths_hands_them_on_in_its_release(
         store.release(customer_id, second.lease_id)
 
 
+def test_a_check_whose_reads_straddle_the_hand_over_hands_on_to_the_next_in_line(
+    mariadb_url: str, customer_id: int
+) -> None:
+    """A waiter's check reads the queue and then its own rows, each by a
+    statement of its own (plain reads, READ COMMITTED): a hand-over that
+    commits between the two shows the request handed the paths and still
+    queued. The request is not its own heir: its release hands the paths on
+    to the one behind it (it once handed them to itself, found nothing, and
+    left the one behind to try for itself)."""
+    with PathLockManager(mariadb_url, heartbeat=False, settings=SETTINGS) as manager:
+        store: Store = manager._store
+        lease = manager.for_customer(customer_id).lock_paths("/a")
+        first, ticket = _queue(store, customer_id, normalize_request(["/a"], []))
+        second, _ = _queue(store, customer_id, normalize_request(["/a"], []), owner="second")
+        with manager.engine.begin() as connection:
+            queued = connection.execute(
+                text("SELECT * FROM path_lock_waiters WHERE ticket = :t"), {"t": ticket}
+            ).one()
+        lease.release()  # hands /a to the first, whose queue row goes
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [first.lease_id]
+        # The check as its reads see it when the hand-over lands between them.
+        columns = ", ".join(queued._fields)
+        values = ", ".join(f":{name}" for name in queued._fields)
+        insert = f"INSERT INTO path_lock_waiters ({columns}) VALUES ({values})"
+        with manager.engine.begin() as connection:
+            connection.execute(text(insert), queued._asdict())
+        outlook = store.could_grant(first, ticket)
+        assert outlook.handed == lease.fencing_token + 1
+        with manager.engine.begin() as connection:
+            connection.execute(
+                text("DELETE FROM path_lock_waiters WHERE ticket = :t"), {"t": ticket}
+            )
+        version = _version(manager, customer_id)
+        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        (row,) = _rows(manager, customer_id)
+        assert (row.lease_id, row.fencing_token) == (second.lease_id, version + 1)
+        store.release(customer_id, second.lease_id)
+
+
 def test_a_hand_on_to_a_request_that_left_the_queue_moves_the_version(
     mariadb_url: str, customer_id: int
 ) -> None:
