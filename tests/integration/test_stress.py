@@ -324,6 +324,24 @@ def remaining_rows(raw_engine: Engine, customer_id: int) -> int:
     return int(count)
 
 
+def describe_rows(raw_engine: Engine, customer_id: int) -> str:
+    """The customer's lock and queue rows, one per line, for a failure
+    message: whose they are and when they were written and expire."""
+    lines = []
+    with raw_engine.connect() as connection:
+        for table, what in (("path_locks", "path, mode"), ("path_lock_waiters", "paths")):
+            rows = connection.execute(
+                text(
+                    f"SELECT lease_id, {what}, node_id, pid, thread, owner_key, reason,"
+                    f" created_at, expires_at FROM {table} WHERE customer_id = :c"
+                ),
+                {"c": customer_id},
+            )
+            lines.extend(f"  {table}: {tuple(row)}" for row in rows)
+        connection.rollback()
+    return "rows left behind:\n" + "\n".join(lines)
+
+
 def assert_safe(holds: Sequence[Hold]) -> None:
     """No double grant, unique tokens, tokens increase along conflicting grants."""
     doubles = overlapping_conflicts(holds)
@@ -482,7 +500,7 @@ def test_no_conflicting_holds_overlap(
     mismatched = [r for r in records if r["held"] != r["expected"]]
     assert not mismatched, f"leases hold other paths than requested: {mismatched[:5]}"
     assert_safe([Hold.from_record(record) for record in records])
-    assert remaining_rows(raw_engine, customer_id) == 0
+    assert remaining_rows(raw_engine, customer_id) == 0, describe_rows(raw_engine, customer_id)
 
     # The run must have meant something: enough grants (a third of the
     # operations are granted, and a quarter at least), and real contention.
@@ -566,4 +584,4 @@ def test_counter_has_no_lost_updates(
     assert totals["grants"] == WORKERS * COUNTER_OPS == len(records)
     assert int(counter_file.read_text(encoding="utf-8")) == totals["grants"]
     assert_safe([Hold.from_record(record) for record in records])
-    assert remaining_rows(raw_engine, customer_id) == 0
+    assert remaining_rows(raw_engine, customer_id) == 0, describe_rows(raw_engine, customer_id)

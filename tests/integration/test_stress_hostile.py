@@ -54,6 +54,7 @@ from tests.integration.test_stress import (
     _record_failure,
     _start_worker,
     assert_safe,
+    describe_rows,
     hold_record,
     read_results,
     remaining_rows,
@@ -291,7 +292,7 @@ def test_forked_pooled_and_interrupted_workers_never_overlap(
     assert totals["inherited_lost"] == WORKERS * CHILDREN
     assert totals["grants"] == len(records)
     assert_safe([Hold.from_record(record) for record in records])
-    assert remaining_rows(raw_engine, customer_id) == 0
+    assert remaining_rows(raw_engine, customer_id) == 0, describe_rows(raw_engine, customer_id)
     # The run meant something: grants and contention, and interrupts that
     # landed inside requests.
     assert len(records) >= WORKERS * CHILDREN * OPS
