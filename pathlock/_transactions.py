@@ -23,6 +23,7 @@ from pathlock._flow import drive
 from pathlock._routing import Node, Router
 from pathlock._statements import BUMP, CASE_RULE, CLAIM, CREATE_SENTINEL, VERSION
 from pathlock.dialects import READ_ONLY
+from pathlock.dialects.base import SERVER_SESSION, ServerSession
 from pathlock.errors import BackendError, CaseRuleMismatch, ContentionTimeout, DatabaseTimeout
 from pathlock.settings import DEFAULT, Settings
 
@@ -507,6 +508,9 @@ def attempt_once(
     # reply ("Packet sequence number wrong").
     reusable = False
     connection: Connection | None = None
+    # The connection's server session, once the operation is under way: if
+    # the connection is dropped, the server may still run what was sent.
+    session: ServerSession | None = None
     try:
         # In the main thread, a signal handler that raises (Ctrl-C) while the
         # pool's lock is held would leave it held for good: held back there
@@ -517,9 +521,12 @@ def attempt_once(
         if connected is not None:
             connected()
         node.dialect.before_transaction(connection, deadlines.ceiling())
+        if node.dropped and not read_only:
+            _end_dropped(node, connection)
         if read_only:
             connection.execution_options(**{READ_ONLY: True})
         try:
+            session = connection.info.get(SERVER_SESSION)
             result = operation(connection, attempt)
         except DBAPIError:
             _end_transaction(connection)
@@ -537,7 +544,34 @@ def attempt_once(
             with guard():
                 if not reusable:
                     _discard(connection)
+                if session is not None and (not reusable or connection.invalidated):
+                    node.dropped.add(session)
                 connection.close()
+
+
+DROPPED_WAIT = 2.0
+"""Seconds a write waits at most for the sessions of dropped connections to
+end (see :func:`_end_dropped`); a killed session ends within milliseconds."""
+
+
+def _end_dropped(node: Node, connection: Connection) -> None:
+    """End the server sessions of ``node``'s connections that were dropped in
+    the middle of an operation, and wait until they are gone, before this
+    write: what such a session was sent (a grant, say, whose request has
+    since been retried, or given up and its rows deleted) must not land
+    after it. One that does not end in time is looked at again before the
+    next write."""
+    sessions = node.dropped.pending()
+    ends = min(deadlines.ceiling(), time.monotonic() + DROPPED_WAIT)
+    left = node.dialect.end_sessions(connection, sessions, ends)
+    node.dropped.ended(session for session in sessions if session not in left)
+    if left:
+        log.warning(
+            "%d session(s) of connections dropped on %s did not end within %.3g s",
+            len(left),
+            node.name,
+            DROPPED_WAIT,
+        )
 
 
 def _interrupt_behind(error: BaseException) -> BaseException | None:

@@ -3,8 +3,9 @@ whose spelling differs between them (each family's module compiles them)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -30,6 +31,23 @@ COMMIT_ALONE = "pathlock_commit_alone"
 server must get that connection's COMMIT on its own, never at the end of a
 batch (:mod:`pathlock._batch`): a Galera node (see
 :mod:`pathlock.dialects.mysql`)."""
+
+SERVER_SESSION = "pathlock_server_session"
+"""Set in a connection's pool record ``info`` by a family whose server runs
+what a client sent even after the client hung up: the server's id of the
+connection's session and the client address it sees, as a
+:class:`ServerSession` (see :meth:`Dialect.end_sessions`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSession:
+    """A connection's session on the server: its id, and the client's
+    address as the server sees it (ids start again from 1 when the server
+    restarts: both must match)."""
+
+    id: int
+    host: str
+
 
 READ_ONLY = "pathlock_read_only"
 """Execution option of a connection whose transaction only reads."""
@@ -305,6 +323,18 @@ class Dialect:
         """The cheapest statement the server must answer (whether a node that
         timed out is alive)."""
         connection.exec_driver_sql("SELECT 1")
+
+    def end_sessions(
+        self,
+        connection: Connection,  # noqa: ARG002 - a family with sessions needs it
+        sessions: Collection[ServerSession],  # noqa: ARG002
+        ends: float,  # noqa: ARG002
+    ) -> set[ServerSession]:
+        """End ``sessions`` of connections that were dropped in the middle of
+        an operation (see :data:`SERVER_SESSION`), through ``connection``,
+        and wait for them to be gone, until the monotonic time ``ends``:
+        those still there then. A family without such sessions has none."""
+        return set()
 
     def enable_batches(self, engine: Engine) -> None:
         """Let connections of ``engine`` (one pathlock created) take several

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import URL, Connection, Engine, event
@@ -19,10 +20,12 @@ from pathlock import _interrupts as interrupts
 from pathlock.dialects.base import (
     COMMIT_ALONE,
     ISOLATION_LEVEL,
+    SERVER_SESSION,
     Dialect,
     Fenced,
     Now,
     NowPlus,
+    ServerSession,
     new_engine,
 )
 from pathlock.errors import BackendError
@@ -58,6 +61,8 @@ CONTENTION = 1213
 
 _NO_SUCH_TABLE = 1146
 _TABLE_EXISTS = 1050
+_NO_SUCH_THREAD = 1094
+_NOT_OWNER = 1095
 _DUPLICATE_ENTRY = 1062
 
 _NOW = "UTC_TIMESTAMP(6)"
@@ -224,6 +229,36 @@ class MySQL(Dialect):
         # could fail it. DO is no read.
         connection.exec_driver_sql("DO 1")
 
+    def end_sessions(
+        self, connection: Connection, sessions: Collection[ServerSession], ends: float
+    ) -> set[ServerSession]:
+        # A server runs what a client sent, COMMIT and all, even after the
+        # client hung up: it finds out only when it answers. A dropped
+        # connection's batch may be waiting for a lock, or not yet read, while
+        # the request it belonged to is retried or cleaned up through another
+        # connection; it must not land afterwards. KILL ends a session at
+        # once, whatever it waits for; the session is gone once it is no
+        # longer listed (a statement under way ends first).
+        left = set(sessions)
+        killed: set[ServerSession] = set()
+        while True:
+            listed = _listed(connection, left)
+            left &= listed
+            for session in left - killed:
+                try:
+                    connection.exec_driver_sql(f"KILL CONNECTION {session.id:d}")
+                except DBAPIError as error:
+                    code = self.error_code(error)
+                    if code == _NOT_OWNER:
+                        left.discard(session)  # another user's: none of ours
+                    elif code != _NO_SUCH_THREAD:
+                        raise
+                killed.add(session)
+            if not left or time.monotonic() >= ends:
+                connection.rollback()
+                return left
+            time.sleep(0.005)
+
     def enable_batches(self, engine: Engine) -> None:
         from pathlock import _batch  # noqa: PLC0415 - it imports this package
 
@@ -290,6 +325,9 @@ def _session_settings(lock_wait_timeout: int) -> Callable[[Any, object], None]:
     def on_connect(dbapi_connection: Any, record: Any) -> None:
         with interrupts.let_through():  # round trips: a Ctrl-C may end them
             galera = _apply_session_settings(dbapi_connection, lock_wait_timeout)
+            session = _server_session(dbapi_connection)
+        if session is not None:
+            record.info[SERVER_SESSION] = session
         if galera:
             # A Galera node (MariaDB 10.11, Galera 26.4) sometimes answers
             # 1213 to a COMMIT sent at the end of a batch of statements, right
@@ -322,6 +360,33 @@ def _apply_session_settings(dbapi_connection: Any, lock_wait_timeout: int) -> bo
     finally:
         cursor.close()
     return values.get("wsrep_on", "").upper() == "ON"
+
+
+_SESSION = "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()"
+
+
+def _listed(connection: Connection, sessions: Collection[ServerSession]) -> set[ServerSession]:
+    """Those of ``sessions`` the server still lists."""
+    if not sessions:
+        return set()
+    ids = ", ".join(f"{session.id:d}" for session in sessions)
+    rows = connection.exec_driver_sql(
+        f"SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE ID IN ({ids})"
+    )
+    return {ServerSession(int(row[0]), str(row[1])) for row in rows} & set(sessions)
+
+
+def _server_session(dbapi_connection: Any) -> ServerSession | None:
+    """The connection's session as the server knows it (one round trip, once
+    per connection): what ends it if the connection is dropped in the middle
+    of an operation (MySQLDialect.end_sessions)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(_SESSION)
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return None if row is None else ServerSession(int(row[0]), str(row[1]))
 
 
 # The default spelling (any dialect but SQLite's) is MySQL's.

@@ -104,6 +104,12 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._cut = False
         self._frozen = False
+        # hold(): the client ends of the connections whose data is kept back,
+        # what was kept, and where it goes.
+        self._holding: set[socket.socket] = set()
+        self._kept: dict[socket.socket, list[bytes]] = {}
+        self._upstream: dict[socket.socket, socket.socket] = {}
+        self._let_go = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -118,18 +124,49 @@ class TcpProxy:
                     continue
                 upstream = socket.create_connection(self._target)
                 self._sockets += [client, upstream]
+                self._upstream[client] = upstream
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                with self._lock:
+                    if source in self._holding:
+                        self._kept.setdefault(source, []).append(data)
+                        continue
                 if not self._frozen:
                     sink.sendall(data)
+            with self._lock:
+                held = source in self._holding
+            if held:
+                # The client hung up; what it sent still arrives, late, and
+                # then the server sees it hang up.
+                self._let_go.wait()
+                sink.shutdown(socket.SHUT_WR)
 
     def freeze(self) -> None:
         """From now on, drop whatever either side sends."""
         self._frozen = True
+
+    def hold(self) -> None:
+        """Keep back what the clients of the connections open now send (new
+        connections pass), as a network path that delays their packets,
+        until :meth:`let_go`."""
+        with self._lock:
+            self._holding = set(self._upstream)
+
+    def let_go(self) -> None:
+        """Deliver what :meth:`hold` kept back (even from clients that hung
+        up since), and pass everything again."""
+        with self._lock:
+            for client, chunks in self._kept.items():
+                with contextlib.suppress(OSError):
+                    for chunk in chunks:
+                        self._upstream[client].sendall(chunk)
+            self._kept.clear()
+            self._holding = set()
+        self._let_go.set()
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones."""

@@ -35,11 +35,11 @@ from typing import Any
 
 import pymysql
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from pathlock import BackendError, LockTimeout, PathLockManager, Settings
 from servers import private_mariadb
-from tests.integration.conftest import PRIVATE_DATABASE
+from tests.integration.conftest import PRIVATE_DATABASE, TcpProxy
 from tests.integration.test_outages import reply_lost_after_commit
 
 pytestmark = pytest.mark.timeout(90)
@@ -419,3 +419,52 @@ def test_close_keeps_its_bound_while_another_call_is_stuck(
     assert lease.released
     stuck.join(40)
     assert outcome
+
+
+@pytest.mark.parametrize("interrupted", [False, True], ids=["timed-out", "interrupted"])
+def test_an_attempt_that_reaches_the_server_after_its_request_ended_leaves_nothing(
+    mariadb_url: str, customer_id: int, proxy: TcpProxy, interrupted: bool
+) -> None:
+    """A request gave up (its time ran out, or Ctrl-C) while its attempt was
+    still on its way to the server, held up on the network; its lease's rows
+    were then looked for and deleted. The attempt arrives after that, and the
+    server runs it, COMMIT and all, although its client hung up: the grant
+    must not land (it once did, and its rows held /a for the whole ttl, owned
+    by no one: a flake of the hostile stress test)."""
+    through_proxy = make_url(mariadb_url).set(host="127.0.0.1", port=proxy.port)
+    url = through_proxy.render_as_string(hide_password=False)
+    previous = signal.signal(signal.SIGALRM, _raise_stopped)
+    try:
+        with (
+            PathLockManager(url, node_id="late", heartbeat=False, ttl=60) as manager,
+            PathLockManager(mariadb_url, node_id="other", heartbeat=False) as other,
+        ):
+            locks = manager.for_customer(customer_id)
+            locks.lock_paths("/warm").release()  # the pool's connection, through the proxy
+            proxy.hold()
+            if interrupted:
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                with pytest.raises(_Stopped):
+                    locks.lock_paths("/a", timeout=30)
+            else:
+                # The attempt after the one that timed out may find out that
+                # nothing landed, and grant (its COMMIT alone is resolved late).
+                timed_out = None
+                try:
+                    locks.lock_paths("/a", timeout=0.5).release()
+                except LockTimeout as error:
+                    timed_out = error
+                assert timed_out is None or timed_out.unanswered
+            # Whatever the lease may have left is deleted, through a new connection.
+            ends = time.monotonic() + 30
+            while manager._in_doubt and time.monotonic() < ends:
+                time.sleep(0.01)
+            assert not manager._in_doubt, "the lease's rows were never looked for"
+            proxy.let_go()  # the attempt reaches the server
+            time.sleep(1.0)  # ample for it to run, had it still a session to run in
+            lease = other.for_customer(customer_id).try_lock_paths("/a")
+            assert lease is not None, other.for_customer(customer_id).list_locks()
+            lease.release()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
