@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -50,6 +51,8 @@ TRANSIENT_ERRORS = frozenset(
         4031,  # disconnected by the server for inactivity (MySQL 8)
     }
 )
+
+log = logging.getLogger("pathlock.store")
 
 # Errors that say the node is gone or cannot serve (as opposed to the
 # transaction having lost a race): a manager with several nodes moves on.
@@ -324,8 +327,9 @@ def _session_settings(lock_wait_timeout: int) -> Callable[[Any, object], None]:
 
     def on_connect(dbapi_connection: Any, record: Any) -> None:
         with interrupts.let_through():  # round trips: a Ctrl-C may end them
-            galera = _apply_session_settings(dbapi_connection, lock_wait_timeout)
+            # Before the settings: no causal wait on a Galera node.
             session = _server_session(dbapi_connection)
+            galera = _apply_session_settings(dbapi_connection, lock_wait_timeout)
         if session is not None:
             record.info[SERVER_SESSION] = session
         if galera:
@@ -384,6 +388,12 @@ def _server_session(dbapi_connection: Any) -> ServerSession | None:
     try:
         cursor.execute(_SESSION)
         row = cursor.fetchone()
+    except Exception as error:  # noqa: BLE001 - the driver's own error classes
+        # A server that does not list its sessions to this user (or not yet:
+        # a Galera node joining its cluster): the connection works without;
+        # only the clean-up after it is dropped is not there.
+        log.debug("the connection's server session is unknown: %s", error)
+        return None
     finally:
         cursor.close()
     return None if row is None else ServerSession(int(row[0]), str(row[1]))
