@@ -324,9 +324,13 @@ def remaining_rows(raw_engine: Engine, customer_id: int) -> int:
     return int(count)
 
 
-def describe_rows(raw_engine: Engine, customer_id: int) -> str:
+def describe_rows(
+    raw_engine: Engine, customer_id: int, outcomes: dict[str, str] | None = None
+) -> str:
     """The customer's lock and queue rows, one per line, for a failure
-    message: whose they are and when they were written and expire."""
+    message: whose they are and when they were written and expire; with
+    ``outcomes`` (by the request's reason), how its request ended, as its
+    caller saw it."""
     lines = []
     with raw_engine.connect() as connection:
         for table, what in (("path_locks", "path, mode"), ("path_lock_waiters", "paths")):
@@ -337,7 +341,11 @@ def describe_rows(raw_engine: Engine, customer_id: int) -> str:
                 ),
                 {"c": customer_id},
             )
-            lines.extend(f"  {table}: {tuple(row)}" for row in rows)
+            for row in rows:
+                line = f"  {table}: {tuple(row)}"
+                if outcomes is not None:
+                    line += f", its request ended as {outcomes.get(row.reason, '?')!r}"
+                lines.append(line)
         connection.rollback()
     return "rows left behind:\n" + "\n".join(lines)
 

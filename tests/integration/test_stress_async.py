@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from pathlock import (
     AsyncCustomerLocks,
@@ -97,6 +97,7 @@ from tests.integration.test_stress import (
     _start_worker,
     _write_results,
     assert_safe,
+    describe_rows,
     logged_warnings,
     read_results,
     remaining_rows,
@@ -510,26 +511,6 @@ def _log_kinds(out_dir: Path) -> Counter[str]:
     return kinds
 
 
-def _leftovers(raw_engine: Engine, customer_id: int, outcomes: dict[str, str]) -> str:
-    """The customer's lock and queue rows, each with how its request ended
-    (as its caller saw it), for the failure message."""
-    lines = []
-    with raw_engine.connect() as connection:
-        for table, what in (("path_locks", "path, mode"), ("path_lock_waiters", "paths")):
-            rows = connection.execute(
-                text(
-                    f"SELECT lease_id, node_id, reason, {what}, created_at, expires_at "
-                    f"FROM {table} WHERE customer_id = :c"
-                ),
-                {"c": customer_id},
-            )
-            for row in rows:
-                ended = outcomes.get(row.reason, "?")
-                lines.append(f"  {table}: {tuple(row)}, its request ended as {ended!r}")
-        connection.rollback()
-    return "\n".join(lines)
-
-
 @pytest.fixture
 def task_ops(request: pytest.FixtureRequest) -> int:
     """Requests per task: the CI size, or the soak size with --soak."""
@@ -570,7 +551,7 @@ def test_async_tasks_never_overlap_and_cancellations_leave_nothing(
     assert_safe([Hold.from_record(record) for record in records])
     problems = extras.problems
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:20])
-    assert remaining_rows(raw_engine, customer_id) == 0, "rows left behind:\n" + _leftovers(
+    assert remaining_rows(raw_engine, customer_id) == 0, describe_rows(
         raw_engine, customer_id, extras.outcomes
     )
 
