@@ -32,48 +32,15 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
 from pathlock import dialects, events
+from pathlock._settling import Expiring
 from pathlock.dialects import Dialect
 from pathlock.dialects.base import ServerSession
-
-
-class DroppedSessions:
-    """The server sessions of a node's connections that were dropped in the
-    middle of an operation (a timeout, an interrupt, a lost connection): the
-    server may still run what was sent on them. Each is ended, and seen
-    gone, before the node's next write (:func:`pathlock._transactions.attempt_once`);
-    one not seen gone within ``keep`` seconds is forgotten (by then whatever
-    it ran has long ended)."""
-
-    def __init__(self, keep: float = 60.0) -> None:
-        self._keep = keep
-        self._lock = threading.Lock()
-        self._sessions: dict[ServerSession, float] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._sessions)
-
-    def add(self, session: ServerSession) -> None:
-        with self._lock:
-            self._sessions[session] = time.monotonic() + self._keep
-
-    def pending(self) -> list[ServerSession]:
-        now = time.monotonic()
-        with self._lock:
-            for session, until in list(self._sessions.items()):
-                if until <= now:
-                    del self._sessions[session]
-            return list(self._sessions)
-
-    def ended(self, sessions: Iterable[ServerSession]) -> None:
-        with self._lock:
-            for session in sessions:
-                self._sessions.pop(session, None)
 
 
 @dataclass(eq=False)
@@ -85,7 +52,10 @@ class Node:
     """host:port/database: the node's identity for affinity and in messages."""
     dialect: Dialect
     set_aside_until: float = field(default=0.0)
-    dropped: DroppedSessions = field(default_factory=DroppedSessions)
+    dropped: Expiring[ServerSession] = field(default_factory=Expiring)
+    """The server sessions of connections dropped in the middle of an
+    operation: the server may still run what was sent on them (see
+    :func:`pathlock._transactions.attempt_once`)."""
 
 
 def node_name(engine: Engine) -> str:
@@ -121,8 +91,11 @@ class Router:
 
     def after_fork(self) -> None:
         """In a forked child: a lock another thread of the parent held at the
-        fork would stay held for ever."""
+        fork would stay held for ever. The sessions the parent dropped are
+        the parent's to end."""
         self._lock = threading.Lock()
+        for node in self.nodes:
+            node.dropped = Expiring()
 
     def order(self, customer_id: int | None) -> list[Node]:
         """Every node, best first, for an operation on ``customer_id`` (``None``:

@@ -15,12 +15,48 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from pathlock.errors import PathLockError
 
 log = logging.getLogger("pathlock.manager")
+
+
+K = TypeVar("K")
+
+
+class Expiring(Generic[K]):
+    """Things that matter for a while (a lease whose rows may still exist, a
+    session the server may still run), each until its own monotonic time;
+    thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[K, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._until)
+
+    def add(self, key: K, seconds: float) -> None:
+        """Keep ``key`` for ``seconds`` from now."""
+        with self._lock:
+            self._until[key] = time.monotonic() + seconds
+
+    def current(self) -> list[K]:
+        """Those whose time has not passed."""
+        now = time.monotonic()
+        with self._lock:
+            for key, until in list(self._until.items()):
+                if until <= now:
+                    del self._until[key]
+            return list(self._until)
+
+    def discard(self, keys: Iterable[K]) -> None:
+        with self._lock:
+            for key in keys:
+                self._until.pop(key, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -545,13 +545,17 @@ def attempt_once(
                 if not reusable:
                     _discard(connection)
                 if session is not None and (not reusable or connection.invalidated):
-                    node.dropped.add(session)
+                    node.dropped.add(session, DROPPED_KEEP)
                 connection.close()
 
 
 DROPPED_WAIT = 2.0
 """Seconds a write waits at most for the sessions of dropped connections to
 end (see :func:`_end_dropped`); a killed session ends within milliseconds."""
+
+DROPPED_KEEP = 60.0
+"""Seconds a dropped connection's session is looked for at most: by then
+whatever it ran has long ended."""
 
 
 def _end_dropped(node: Node, connection: Connection) -> None:
@@ -561,10 +565,10 @@ def _end_dropped(node: Node, connection: Connection) -> None:
     since been retried, or given up and its rows deleted) must not land
     after it. One that does not end in time is looked at again before the
     next write."""
-    sessions = node.dropped.pending()
+    sessions = node.dropped.current()
     ends = min(deadlines.ceiling(), time.monotonic() + DROPPED_WAIT)
     left = node.dialect.end_sessions(connection, sessions, ends)
-    node.dropped.ended(session for session in sessions if session not in left)
+    node.dropped.discard(session for session in sessions if session not in left)
     if left:
         log.warning(
             "%d session(s) of connections dropped on %s did not end within %.3g s",

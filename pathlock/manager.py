@@ -38,7 +38,7 @@ from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_op
 from pathlock._heartbeat import Heartbeat, Stragglers
 from pathlock._records import GrantRequest
 from pathlock._routing import Router
-from pathlock._settling import InDoubt
+from pathlock._settling import Expiring, InDoubt
 from pathlock._store import Store
 from pathlock._transactions import THREAD, Runner, Transactions
 from pathlock._upkeep import Upkeep
@@ -465,9 +465,8 @@ class PathLockManager:
         self._identity = owners.new_identity()
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
-        # Leases whose release failed: lease id -> monotonic time by which their
-        # rows have surely expired.
-        self._abandoned: dict[str, float] = {}
+        # Leases whose release failed, until their rows have surely expired.
+        self._abandoned: Expiring[str] = Expiring()
         self._in_doubt = InDoubt(
             self._settle_release,
             lambda: self._close_done,
@@ -1083,17 +1082,11 @@ class PathLockManager:
     def _abandon(self, lease_id: str, ttl: float) -> None:
         # Its rows, if any, expire within a ttl of now (nobody renews them);
         # the entry is kept twice that long to be sure.
-        with self._leases_lock:
-            self._abandoned[lease_id] = time.monotonic() + 2 * ttl
+        self._abandoned.add(lease_id, 2 * ttl)
 
     def _abandoned_leases(self) -> frozenset[str]:
         """Leases whose release failed and whose rows may not have expired yet."""
-        now = time.monotonic()
-        with self._leases_lock:
-            for lease_id, expires_by in list(self._abandoned.items()):
-                if expires_by <= now:
-                    del self._abandoned[lease_id]
-            return frozenset(self._abandoned)
+        return frozenset(self._abandoned.current())
 
     def _release_owner(self, customer_id: int, name: object, holder: Owner | None = None) -> int:
         owner = self._owner(name) if holder is None else holder

@@ -32,6 +32,7 @@ from pathlock import (
     waiting,
 )
 from pathlock import _deadlines as deadlines
+from pathlock.dialects.base import ServerSession
 from pathlock.schema import path_lock_waiters, path_locks
 
 T = TypeVar("T")
@@ -256,6 +257,43 @@ def test_a_child_forked_while_a_thread_held_the_heartbeats_lock_can_close(
     finally:
         done.set()
         thread.join(HANG)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_child_forked_while_a_thread_held_the_dropped_sessions_lock_can_lock(
+    used_manager: PathLockManager, customer_id: int
+) -> None:
+    # A connection dropped in the middle of an operation leaves its session
+    # to be ended before the node's next write; the child's writes neither
+    # wait for the parent's lock of that list nor end the parent's sessions.
+    (node,) = used_manager._store.router.nodes
+    node.dropped.add(ServerSession(2**40, "parent"), 60.0)
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold_the_lock() -> None:
+        with node.dropped._lock:
+            holding.set()
+            done.wait(HANG)
+
+    thread = threading.Thread(target=hold_the_lock)
+    thread.start()
+    holding.wait(HANG)
+
+    def child() -> int:
+        # A hang kills the child instead of hanging the whole test run.
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(20)
+        used_manager.for_customer(customer_id).lock_paths("/Shared/a").release()
+        (forked,) = used_manager._store.router.nodes
+        return 0 if not forked.dropped else 1
+
+    try:
+        assert _in_child(child) == 0
+    finally:
+        done.set()
+        thread.join(HANG)
+    assert node.dropped  # the parent's, still to be ended by the parent
 
 
 # -- interrupts ---------------------------------------------------------------------
