@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -149,6 +150,28 @@ def _in_child(work: Callable[[], int]) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+@contextmanager
+def _held_by_another_thread(lock: Any) -> Iterator[None]:
+    """``lock`` held by another thread while the block runs (a fork() in it
+    copies the lock held)."""
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        with lock:
+            holding.set()
+            done.wait(HANG)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(HANG)
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(HANG)
+
+
 @pytest.fixture
 def used_manager(database_url: str) -> Iterator[PathLockManager]:
     """A manager that has already used its pool before the fork."""
@@ -235,28 +258,14 @@ def test_a_child_forked_while_a_thread_held_the_heartbeats_lock_can_close(
     used_manager.for_customer(customer_id).lock_paths("/Shared/a")  # the heartbeat runs
     heartbeat = used_manager._heartbeat
     assert heartbeat is not None
-    holding = threading.Event()
-    done = threading.Event()
-
-    def hold_the_lock() -> None:
-        with heartbeat._condition:
-            holding.set()
-            done.wait(HANG)
-
-    thread = threading.Thread(target=hold_the_lock)
-    thread.start()
-    holding.wait(HANG)
 
     def child() -> int:
         signal.alarm(20)  # a hang fails the child instead of the whole test run
         used_manager.close()
         return 0
 
-    try:
+    with _held_by_another_thread(heartbeat._condition):
         assert _in_child(child) == 0
-    finally:
-        done.set()
-        thread.join(HANG)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
@@ -268,17 +277,6 @@ def test_a_child_forked_while_a_thread_held_the_dropped_sessions_lock_can_lock(
     # wait for the parent's lock of that list nor end the parent's sessions.
     (node,) = used_manager._store.router.nodes
     node.dropped.add(ServerSession(2**40, "parent"), 60.0)
-    holding = threading.Event()
-    done = threading.Event()
-
-    def hold_the_lock() -> None:
-        with node.dropped._lock:
-            holding.set()
-            done.wait(HANG)
-
-    thread = threading.Thread(target=hold_the_lock)
-    thread.start()
-    holding.wait(HANG)
 
     def child() -> int:
         # A hang kills the child instead of hanging the whole test run.
@@ -288,11 +286,8 @@ def test_a_child_forked_while_a_thread_held_the_dropped_sessions_lock_can_lock(
         (forked,) = used_manager._store.router.nodes
         return 0 if not forked.dropped else 1
 
-    try:
+    with _held_by_another_thread(node.dropped._lock):
         assert _in_child(child) == 0
-    finally:
-        done.set()
-        thread.join(HANG)
     assert node.dropped  # the parent's, still to be ended by the parent
 
 
