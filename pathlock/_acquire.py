@@ -110,7 +110,7 @@ def acquire(
         wait_limit=wait_limit,
         handed_over=store.hands_over,
     )
-    watch = wakeups.watch(request.customer_id)
+    watch = wakeups.watch(request.customer_id, request.paths)
 
     def bounded(limit: deadlines.Limit) -> Result:
         if limits is not None:
@@ -167,7 +167,9 @@ class _Steps:
             return self._watch.wait(seconds, idle) or self._cancel.is_set()
         if isinstance(step, ReadVersion):
             lease_id = request.lease_id if step.handed else None
-            return store.watch(request.customer_id, lease_id, step.ahead, deadline=step.deadline)
+            return store.watch(
+                request.customer_id, lease_id, step.ahead, held=step.held, deadline=step.deadline
+            )
         if isinstance(step, TakeUp):
             if step.later and self._take_up_later:
                 return None  # the lease's first renewal takes them up

@@ -149,6 +149,9 @@ class ReadVersion:
     deadline: float | None
     handed: bool = False
     ahead: tuple[int, ...] = ()
+    held: tuple[str, ...] = ()
+    """Leases whose live rows were in the request's way: the reply says
+    whether one still has any (:attr:`Watched.held_left`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +249,8 @@ class AcquireFlow:
         self._checked_at = 0.0  # the lease clock's time before the last check
         # The tickets of the older requests that go first, as last seen.
         self._ahead: tuple[int, ...] = ()
+        # The leases of the live locks in the way, as last seen.
+        self._held: tuple[str, ...] = ()
 
     def leave(self) -> int | None:
         """The ticket to give up when the request ends (timeout, deadlock,
@@ -294,6 +299,7 @@ class AcquireFlow:
             if isinstance(outcome, Deadlocked):
                 raise DeadlockDetected(self.request.paths, outcome.held_by, outcome.party)
             self._last = outcome
+            self._held = tuple({info.lease_id: None for info in outcome.blockers})
             yield self._queued(outcome.ticket, started, outcome.ahead)
             if clock.monotonic() >= self.deadline:
                 raise self._timeout()
@@ -393,6 +399,7 @@ class AcquireFlow:
                 return None
             self._next_in_line = outlook.next_in_line
             self._ahead = outlook.ahead
+            self._held = outlook.held
 
     def _delay(self) -> float:
         """The sleep before the next check."""
@@ -419,6 +426,11 @@ class AcquireFlow:
         if not moved and before_recheck:
             return _SLEEP
         if moved and self._next_in_line:
+            if watched.held_left and before_recheck:
+                # A lease in its way still holds: the move was someone
+                # else's (another folder's, with many requests waiting), and
+                # an attempt would be denied for certain.
+                return _SLEEP
             return _ATTEMPT
         if left and before_recheck:
             # Older requests that go first are still queued: the move is
@@ -430,8 +442,12 @@ class AcquireFlow:
         """The check of a waiting request."""
         handed = self._queued_for_hand_over()
         self._checked_at = self._clock.now()
+        queued = self.ticket is not None
         watched: Watched = yield ReadVersion(
-            self._by(self.deadline), handed, self._ahead if self.ticket is not None else ()
+            self._by(self.deadline),
+            handed,
+            self._ahead if queued else (),
+            self._held if queued and self._next_in_line else (),
         )
         if handed and not watched.looked:
             # This database's releases do not hand paths over (a Galera

@@ -65,6 +65,8 @@ class Outlook:
     """The fencing token of rows a release handed to the request, if any."""
     handed_for: float = 0.0
     """How long those rows have left, by the database's clock (seconds)."""
+    held: tuple[str, ...] = ()
+    """The leases of the live locks in the way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,9 @@ class Watched:
     handed_for: float = 0.0
     """How long the rows handed over have left, by the database's clock
     (seconds)."""
+    held_left: int | None = None
+    """Whether one of the leases asked about (those in the request's way at
+    its last attempt or judgement) still has a live row: 1 or 0, if asked."""
 
 
 @dataclass(frozen=True, slots=True)

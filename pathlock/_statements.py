@@ -59,7 +59,7 @@ from sqlalchemy.types import UserDefinedType
 
 from pathlock.dialects import Fenced, Now, NowPlus, force_index, insert_if_absent
 from pathlock.paths import ancestors, descendants_range, prefix_lengths
-from pathlock.schema import customer_locks, path_lock_waiters, path_locks
+from pathlock.schema import customer_locks, path_lock_waiter_paths, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
 
 # How many conflicting rows one attempt reads back, for the caller's error
@@ -209,17 +209,26 @@ PATH_INDEX = next(
 )
 
 
-def _met(form: Shape) -> list[ColumnElement[bool]]:
-    """For a request that spells out the paths it meets by equality: rows on
-    those paths, in a conflicting mode."""
+# The same index of the queue's paths (revision 0007).
+WAITER_PATH_INDEX = next(
+    str(index.name)
+    for index in path_lock_waiter_paths.indexes
+    if [column.name for column in index.columns] == ["customer_id", "path"]
+)
+
+
+def _met(form: Shape, table: Table = path_locks) -> list[ColumnElement[bool]]:
+    """For a request that spells out the paths it meets by equality: rows of
+    ``table`` (live locks, or queued requests' paths) on those paths, in a
+    conflicting mode."""
     met: list[ColumnElement[bool]] = []
     if form.exclusive:
-        met.append(path_locks.c.path.in_(bindparam("x_eq", expanding=True)))
+        met.append(table.c.path.in_(bindparam("x_eq", expanding=True)))
     if form.shared:
         met.append(
             and_(
-                path_locks.c.mode == EXCLUSIVE,
-                path_locks.c.path.in_(bindparam("s_eq", expanding=True)),
+                table.c.mode == EXCLUSIVE,
+                table.c.path.in_(bindparam("s_eq", expanding=True)),
             )
         )
     return met
@@ -267,24 +276,24 @@ def equal_conflicts(form: Shape, *columns: Any) -> Select[Any]:
     return force_index(statement, path_locks, PATH_INDEX)
 
 
-def _descendants(group: str, count: int) -> ColumnElement[bool]:
+def _descendants(group: str, count: int, table: Table = path_locks) -> ColumnElement[bool]:
     return _any(
         [
             and_(
-                path_locks.c.path >= bindparam(f"{group}_low_{n}"),
-                path_locks.c.path < bindparam(f"{group}_high_{n}"),
+                table.c.path >= bindparam(f"{group}_low_{n}"),
+                table.c.path < bindparam(f"{group}_high_{n}"),
             )
             for n in range(count)
         ]
     )
 
 
-def _below(exclusive: int, shared: int) -> list[ColumnElement[bool]]:
+def _below(exclusive: int, shared: int, table: Table = path_locks) -> list[ColumnElement[bool]]:
     clauses = []
     if exclusive:
-        clauses.append(_descendants("x", exclusive))
+        clauses.append(_descendants("x", exclusive, table))
     if shared:
-        clauses.append(and_(path_locks.c.mode == EXCLUSIVE, _descendants("s", shared)))
+        clauses.append(and_(table.c.mode == EXCLUSIVE, _descendants("s", shared, table)))
     return clauses
 
 
@@ -310,6 +319,85 @@ def _no_conflict(form: Shape) -> list[ColumnElement[bool]]:
         ~equal_conflicts(form, path_locks.c.id).exists(),
         ~below_conflicts(form.exclusive, form.shared, path_locks.c.id).exists(),
     ]
+
+
+def _queued_conflicts(form: Shape, *columns: Any) -> list[Select[Any]]:
+    """Live queued requests of the customer, older than ``:w_ticket``, with a
+    path that conflicts with the request's (one row per such path): the
+    conflict query of :func:`_no_conflict` on the queue's paths (revision
+    0007), along the same kind of index, joined to their requests for
+    whether they are alive. One query for a request that spells out the
+    paths it meets by equality, two otherwise."""
+    paths, waiters = path_lock_waiter_paths, path_lock_waiters
+    alive = [
+        paths.c.customer_id == bindparam("c_id"),
+        paths.c.ticket < bindparam("w_ticket", type_=BigInteger),
+        waiters.c.expires_at > now(),
+    ]
+    with_request = paths.join(waiters, waiters.c.ticket == paths.c.ticket)
+    if form.spelled:
+        found = (
+            select(*columns)
+            .select_from(with_request)
+            .where(*alive, or_(*_met(form, paths), *_below(form.exclusive, form.shared, paths)))
+        )
+        return [force_index(found, paths, WAITER_PATH_INDEX)]
+    requested = _requested(form.paths, "requested_paths")
+    prefix = _prefixes()
+    equal = (
+        select(*columns)
+        .select_from(
+            requested.join(prefix, prefix.c.k == requested.c.k)
+            .join(
+                paths,
+                and_(
+                    paths.c.customer_id == bindparam("c_id"),
+                    paths.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
+                ),
+            )
+            .join(waiters, waiters.c.ticket == paths.c.ticket)
+        )
+        .where(*alive, or_(requested.c.mode == EXCLUSIVE, paths.c.mode == EXCLUSIVE))
+    )
+    below = (
+        select(*columns)
+        .select_from(with_request)
+        .where(*alive, or_(*_below(form.exclusive, form.shared, paths)))
+    )
+    return [force_index(equal, paths, WAITER_PATH_INDEX), below]
+
+
+def _queue_clear(form: Shape) -> ColumnElement[bool]:
+    """The grant's condition on the queue. A request of the usual size asks
+    whether an older request in its way is queued
+    (:func:`_nobody_queued_in_the_way`); a very large or very deep one, whose
+    conflict query is large, whether any older request is queued at all, so
+    that it is sent once per statement, not twice (the store then judges the
+    queue, read whole, as it did before revision 0007)."""
+    if form.spelled:
+        return _nobody_queued_in_the_way(form)
+    return ~exists().where(queue_condition())
+
+
+def _owner_holds() -> ColumnElement[bool]:
+    """Whether the requesting owner (``:o_key``) holds a live lock of the
+    customer."""
+    return exists().where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.owner_key == bindparam("o_key"),
+        path_locks.c.expires_at > now(),
+    )
+
+
+def _nobody_queued_in_the_way(form: Shape) -> ColumnElement[bool]:
+    """The grant's condition that no older live queued request conflicts
+    with the request: first whether any older request is queued at all (one
+    index probe, the usual answer: none), and only if one is, whether one in
+    the way is (:func:`_queued_conflicts`)."""
+    return or_(
+        ~exists().where(queue_condition()),
+        and_(*(~found.exists() for found in _queued_conflicts(form, path_lock_waiter_paths.c.id))),
+    )
 
 
 # A request names the paths it meets by equality (its paths and their
@@ -437,10 +525,12 @@ def grant_statement(
     path selects its row's values from the sentinel row alone, with no table
     of requested paths to build: the server parses and plans less.
 
-    ``queued=True`` also requires that no older request is queued at all: the
-    common case (an empty queue) stays one statement, and the store judges a
-    non-empty queue request by request (:mod:`pathlock._fairness`) before
-    inserting with ``queued=False``.
+    ``queued=True`` also requires that no older live queued request conflicts
+    with this one (:func:`_nobody_queued_in_the_way`): an empty queue costs
+    one index probe, a crowd of requests one indexed query, whatever its
+    size. A request denied by the queue is judged by the store
+    (:mod:`pathlock._fairness`: an owner's own locks let it pass requests that
+    wait for them) before inserting with ``queued=False``.
 
     ``sentinel_after=True``: for a grant in one round trip (see
     :data:`LOCK_SENTINEL`), where the sentinel row
@@ -497,7 +587,7 @@ def grant_statement(
         # ones would not count as a conflict).
         values = values.where(~exists().where(*_own_live_rows()))
     if queued:
-        values = values.where(~exists().where(queue_condition()))
+        values = values.where(_queue_clear(form))
     if sentinel_after:
         values = values.where(_case_rule_holds(), now() < _GRANT_UNTIL)
     if handed:
@@ -718,9 +808,13 @@ def enqueue_if_blocked(form: Shape) -> Insert:
     of another lease is in the request's way: right after
     ``CLAIM_IF_GRANTED`` (by ``ROW_COUNT()``: it wrote nothing), under the
     customer's case rule, and while the client still waits for the reply
-    (:data:`SET_GRANT_UNTIL`). A grant refused only by the queue queues
-    nothing here: who goes first is judged request by request."""
+    (:data:`SET_GRANT_UNTIL`). A grant refused only by an older queued
+    request queues here too where the requesting owner holds no live lock of
+    the customer; otherwise who goes first is judged request by request (the
+    owner may pass requests that wait for its locks)."""
     blocked = or_(*(~condition for condition in _no_conflict(form)))
+    if form.spelled:  # the grant asked about the requests in its way only
+        blocked = or_(blocked, ~_owner_holds())
     values = select(
         bindparam("c_id", type_=BigInteger),
         bindparam("l_id", type_=String),
@@ -754,6 +848,37 @@ def enqueue_if_blocked(form: Shape) -> Insert:
         "hand_over_us",
     ]
     return insert(path_lock_waiters).from_select(columns, values)
+
+
+@functools.lru_cache(maxsize=128)
+def enqueue_paths(count: int) -> Insert:
+    """The rows of a request's ``count`` paths (``:rq_path_N``,
+    ``:rq_mode_N``) in ``path_lock_waiter_paths``, for its newest queue row
+    (the one ``ENQUEUE`` or :func:`enqueue_if_blocked` has just written in
+    the same transaction, under the sentinel row); nothing where it has none
+    (a request that was not queued after all)."""
+    waiters = path_lock_waiters
+    newest = (
+        select(func.max(waiters.c.ticket))
+        .where(waiters.c.lease_id == bindparam("l_id", type_=String))
+        .scalar_subquery()
+    )
+    if count == 1:
+        source: Any = waiters
+        path: Any = bindparam("rq_path_0", type_=String)
+        mode: Any = bindparam("rq_mode_0", type_=String)
+    else:
+        requested = _requested(count, "requested")
+        source = requested.join(waiters, waiters.c.ticket == newest)
+        path, mode = requested.c.path, requested.c.mode
+    values = (
+        select(waiters.c.ticket, waiters.c.customer_id, path, mode)
+        .select_from(source)
+        .where(waiters.c.ticket == newest, waiters.c.customer_id == bindparam("c_id"))
+    )
+    return insert(path_lock_waiter_paths).from_select(
+        ["ticket", "customer_id", "path", "mode"], values
+    )
 
 
 # A retried attempt whose enqueue may have committed finds its own row by lease.
@@ -893,6 +1018,32 @@ QUEUE_ITEM = tuple(column.name for column in _QUEUE_COLUMNS)
 # LIVE_WAITERS with each row as one JSON array, in QUEUE_ITEM's order (see
 # items()): a waiter that finds paths handed to it learns who is next in line.
 LIVE_WAITER_ITEMS = _live_waiters(items(_QUEUE_COLUMNS))
+# The whole queue is needed to judge a request only where its owner holds
+# live locks of the customer (pathlock._fairness: requests that wait for them
+# are passed over, and may close a cycle); otherwise it reads nothing.
+LIVE_WAITER_ITEMS_IF_OWNER_HOLDS = LIVE_WAITER_ITEMS.where(_owner_holds())
+# How many of the older queued requests in a request's way one read returns:
+# the oldest, which go first. A request behind more judges its place anew
+# once these have left.
+MAX_AHEAD = 16
+
+
+@functools.lru_cache(maxsize=256)
+def queued_in_the_way(form: Shape, *, as_items: bool = True) -> Select[Any]:
+    """The oldest live queued requests older than ``:w_ticket`` that conflict
+    with a request of this :class:`Shape` (up to :data:`MAX_AHEAD`), found
+    through the index of their paths, whatever the queue's length. Each as
+    one JSON array in ``QUEUE_ITEM``'s order (see :func:`items`), or with
+    ``as_items=False`` as ``LIVE_WAITERS``' columns."""
+    tickets = _queued_conflicts(form, path_lock_waiter_paths.c.ticket)
+    found = tickets[0] if len(tickets) == 1 else union(*tickets)
+    listed = LIVE_WAITER_ITEMS if as_items else LIVE_WAITERS
+    return listed.where(
+        path_lock_waiters.c.ticket < bindparam("w_ticket", type_=BigInteger),
+        path_lock_waiters.c.ticket.in_(found),
+    ).limit(bindparam("ahead_limit", MAX_AHEAD, type_=Integer))
+
+
 QUEUE_HEAD = (
     select(items(_QUEUE_COLUMNS))
     .where(
@@ -938,3 +1089,34 @@ WATCH_AHEAD = select(items((*_WATCHED, _AHEAD_LEFT))).where(
 VERSION_AHEAD = select(customer_locks.c.version, _AHEAD_LEFT).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
+# Whether a lease that blocked a request's last attempt (``:held``, lease ids)
+# still has a live row: then another attempt is denied for certain, whatever
+# else moved the version (1 or 0).
+_HELD_LEFT = case(
+    (
+        exists().where(
+            path_locks.c.lease_id.in_(bindparam("held", expanding=True)),
+            path_locks.c.customer_id == bindparam("c_id"),
+            path_locks.c.expires_at > now(),
+        ),
+        literal_column("1", Integer),
+    ),
+    else_=literal_column("0", Integer),
+)
+
+
+@functools.lru_cache(maxsize=8)
+def watch_statement(*, handed: bool, ahead: bool, held: bool) -> Select[Any]:
+    """A waiting request's check: ``WATCH`` (``handed``: where releases hand
+    over) or ``VERSION``, then how many of the ``:ahead`` tickets are still
+    queued (``ahead``; else null), then whether a ``:held`` lease still has a
+    live row (``held``; else null)."""
+    left = _AHEAD_LEFT if ahead else null()
+    still = _HELD_LEFT if held else null()
+    if handed:
+        return select(items((*_WATCHED, left, still))).where(
+            customer_locks.c.customer_id == bindparam("c_id")
+        )
+    return select(customer_locks.c.version, left, still).where(
+        customer_locks.c.customer_id == bindparam("c_id")
+    )

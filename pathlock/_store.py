@@ -66,6 +66,7 @@ from pathlock._statements import (
     HELD,
     LEASE_ALIVE,
     LIVE_WAITER_ITEMS,
+    LIVE_WAITER_ITEMS_IF_OWNER_HOLDS,
     LIVE_WAITERS,
     LOCK_AND_READ_SENTINEL,
     LOCK_ITEM,
@@ -87,15 +88,14 @@ from pathlock._statements import (
     SET_GRANT_UNTIL,
     TAKE_UP,
     UNBUMP,
-    VERSION,
-    VERSION_AHEAD,
-    WATCH,
-    WATCH_AHEAD,
     blocker_items,
     blockers_query,
     enqueue_if_blocked,
+    enqueue_paths,
     grant_statement,
+    queued_in_the_way,
     shape,
+    watch_statement,
 )
 from pathlock._transactions import Transactions
 from pathlock.errors import BackendError, PathLockError
@@ -178,11 +178,27 @@ class _Picture:
             )
             picture = cls.judged(connection, request, ticket, parameters, replies)
         else:
-            blocking = connection.execute(blockers_query(shape(request.paths)), parameters)
-            queue = connection.execute(LIVE_WAITERS, parameters)
+            form = shape(request.paths)
+            blocking = connection.execute(blockers_query(form), parameters).all()
+            in_the_way = None
+            if form.spelled:
+                statement = queued_in_the_way(form, as_items=False)
+                in_the_way = connection.execute(statement, parameters).all()
             own = connection.execute(OWN_ROWS, parameters).all()
             owner_locks = _OwnerLocks(connection, parameters, request.abandoned)
-            picture = cls._judge(request, ticket, blocking.all(), queue.all(), owner_locks, own=own)
+            # The whole queue only where it is needed (see _judge).
+            queue: Sequence[Any] = []
+            if in_the_way is None or owner_locks.held():
+                queue = connection.execute(LIVE_WAITERS, parameters).all()
+            picture = cls._judge(
+                request,
+                ticket,
+                blocking,
+                in_the_way=in_the_way,
+                queue=queue,
+                owner_locks=owner_locks,
+                own=own,
+            )
         if end and connection.in_transaction():
             connection.rollback()
         return picture
@@ -192,9 +208,18 @@ class _Picture:
         request: GrantRequest, parameters: dict[str, Any]
     ) -> list[tuple[Any, dict[str, Any]]]:
         """The reads of a picture, as steps of a batch (:func:`batch.run`)."""
+        form = shape(request.paths)
+        # The queue, read whole, is judged where the requests in the way are
+        # not asked for (see _judge).
+        queue: list[tuple[Any, dict[str, Any]]] = [(LIVE_WAITER_ITEMS, parameters)]
+        if form.spelled:
+            queue = [
+                (queued_in_the_way(form), parameters),
+                (LIVE_WAITER_ITEMS_IF_OWNER_HOLDS, parameters),
+            ]
         return [
-            (blocker_items(shape(request.paths)), parameters),
-            (LIVE_WAITER_ITEMS, parameters),
+            (blocker_items(form), parameters),
+            *queue,
             (OWNER_LOCK_ITEMS, parameters),
             (OWN_ROWS_LEFT, parameters),
         ]
@@ -209,12 +234,23 @@ class _Picture:
         replies: Sequence[batch.Reply],
     ) -> _Picture:
         """The picture from the replies to :meth:`steps`."""
-        found, waiting, owned, own = replies
+        found, *queues, owned, own = replies
         owner_locks = _OwnerLocks(connection, parameters, request.abandoned)
         owner_locks.known([json.loads(row.item) for row in owned.rows])
         blocking = [item_row(LOCK_ITEM, row.item) for row in found.rows]
-        queue = [item_row(QUEUE_ITEM, row.item) for row in waiting.rows]
-        return cls._judge(request, ticket, blocking, queue, owner_locks, own=own.rows)
+        ahead = None
+        if len(queues) > 1:  # the requests in the way, asked for
+            ahead = [item_row(QUEUE_ITEM, row.item) for row in queues[0].rows]
+        queue = [item_row(QUEUE_ITEM, row.item) for row in queues[-1].rows]
+        return cls._judge(
+            request,
+            ticket,
+            blocking,
+            in_the_way=ahead,
+            queue=queue,
+            owner_locks=owner_locks,
+            own=own.rows,
+        )
 
     @classmethod
     def _judge(
@@ -222,11 +258,18 @@ class _Picture:
         request: GrantRequest,
         ticket: int | None,
         blocking: Sequence[Any],
+        *,
+        in_the_way: Sequence[Any] | None,
         queue: Sequence[Any],
         owner_locks: _OwnerLocks,
-        *,
         own: Sequence[Any],
     ) -> _Picture:
+        """``in_the_way``: the oldest older queued requests that conflict with
+        the request (:func:`queued_in_the_way`), or ``None`` where a request
+        too large to send its conflict query twice did not ask; ``queue``: the
+        customer's whole live queue, read where ``in_the_way`` was not, or
+        where the owner holds live locks (then the owner may pass requests
+        that wait for them, and a cycle is possible); empty otherwise."""
         if own:
             token, *left = own[0]
             handed_for = left[0] / 1_000_000 if left and left[0] is not None else 0.0
@@ -238,6 +281,17 @@ class _Picture:
                 rows = [row for row in queue if row.lease_id != request.lease_id]
             return cls((), [], (), owner_locks, int(token), max(0.0, handed_for), rows)
         blockers = tuple(lock_info(row) for row in blocking)
+        if in_the_way is not None and not queue:
+            # The owner holds nothing here: every older request in the way
+            # goes first (and none can wait for the owner).
+            # Read with the ticket of an earlier attempt, so a request queued
+            # in the round trip of these reads finds itself: not ahead.
+            conflicting = [
+                info
+                for info in map(waiter_info, in_the_way)
+                if info.lease_id != request.lease_id and (ticket is None or info.ticket < ticket)
+            ]
+            return cls(blockers, conflicting, tuple(conflicting), owner_locks)
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
@@ -258,20 +312,26 @@ class _OwnerLocks:
         self._connection = connection
         self._parameters = parameters
         self._abandoned = abandoned
-        self._paths: list[PathMode] | None = None
+        self._rows: Sequence[Sequence[Any]] | None = None
 
     def known(self, rows: Sequence[Sequence[Any]]) -> None:
         """The locks, read already: (path, mode, lease id) each."""
-        self._paths = self._kept(rows)
+        self._rows = rows
+
+    def held(self) -> bool:
+        """Whether the owner holds any live lock of the customer, its
+        abandoned leases' included: then its requests are judged against the
+        whole queue."""
+        return bool(self._read())
 
     def get(self) -> list[PathMode]:
-        if self._paths is None:
-            self._paths = self._kept(self._connection.execute(OWNER_LOCKS, self._parameters).all())
-        return self._paths
-
-    def _kept(self, rows: Sequence[Sequence[Any]]) -> list[PathMode]:
         abandoned = self._abandoned
-        return [(path, mode) for path, mode, lease_id in rows if lease_id not in abandoned]
+        return [(path, mode) for path, mode, lease_id in self._read() if lease_id not in abandoned]
+
+    def _read(self) -> Sequence[Sequence[Any]]:
+        if self._rows is None:
+            self._rows = self._connection.execute(OWNER_LOCKS, self._parameters).all()
+        return self._rows
 
 
 def _deadlock(
@@ -322,6 +382,10 @@ def _queue_row(item: Any) -> Any:
         return values_row(QUEUE_ITEM, item)
     except (ValueError, TypeError):
         return SimpleNamespace()  # unreadable: nobody pathlock knows
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
@@ -436,9 +500,17 @@ class Store:
             if number == 1 and self.dialect.can_batch(connection):
                 denied = False
                 if batch.commits_in_batches(connection):
-                    if queue and first and self._handed_on_lately(request):
+                    if (
+                        queue
+                        and first
+                        and (
+                            self._handed_on_lately(request)
+                            or self._likely_queued(request.customer_id)
+                        )
+                    ):
                         # Likely blocked by the lease this manager has just
-                        # handed the paths to: queued in the same round trip.
+                        # handed the paths to, or by a request queued before
+                        # it: queued in the same round trip.
                         outcome = self._queue_in_one(connection, request)
                         if outcome is not None:
                             return outcome
@@ -573,9 +645,10 @@ class Store:
             ),
             (CLAIM_IF_GRANTED, self._tx.claim_parameters(customer)),
             (enqueue_if_blocked(form), parameters),
+            (enqueue_paths(form.paths), parameters),
             *_Picture.steps(request, parameters),
         ]
-        _until, locked, granted, claimed, enqueued, *reads = batch.run(
+        _until, locked, granted, claimed, enqueued, _paths, *reads = batch.run(
             connection, steps, commit=True
         )
         if granted.rowcount:
@@ -585,7 +658,11 @@ class Store:
         ticket = int(enqueued.lastrowid)
         self._seen_queued(customer)
         picture = _Picture.judged(connection, request, ticket, parameters, reads)
-        deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
+        # Queued behind older requests alone (no live lock in the way), a
+        # request waits for nobody's locks: no cycle.
+        deadlock = None
+        if picture.blockers:
+            deadlock = _deadlock(request, picture.blockers, picture.queued, picture.owner_locks)
         if deadlock is not None:
             # Waiting could never succeed: out of the queue again, and the
             # version moves for whoever judged its place behind it.
@@ -705,10 +782,11 @@ class Store:
         if queue and ticket is None:
             # Queued under the sentinel, so every later grant sees it. The
             # version stays put: nobody watching has anything new to try.
-            enqueued, _ = self._commit(
+            enqueued, _, _ = self._commit(
                 connection,
                 [
                     (ENQUEUE, waiter_parameters(request, self.settings.waiter_ttl)),
+                    (enqueue_paths(len(request.paths)), parameters),
                     (UNBUMP, {"c_id": request.customer_id}),
                 ],
             )
@@ -806,7 +884,7 @@ class Store:
         reads without the sentinel: a waiter asks this when the version moved
         (or at its recheck) and makes a real attempt only if so. Many waiters
         asking at once therefore do not queue up on the sentinel row."""
-        parameters = grant_parameters(request)
+        parameters = self._grant_parameters(request, ticket)
 
         def attempt(connection: Connection, _number: int) -> Outlook:
             picture = _Picture.read(connection, request, ticket, parameters, end=True)
@@ -825,6 +903,7 @@ class Store:
                 free=not picture.blockers and not picture.ahead,
                 next_in_line=not picture.ahead,
                 ahead=tuple(info.ticket for info in picture.ahead),
+                held=tuple({info.lease_id: None for info in picture.blockers}),
             )
 
         return self._tx.run(
@@ -882,6 +961,7 @@ class Store:
         lease_id: str | None = None,
         ahead: Sequence[int] = (),
         *,
+        held: Sequence[str] = (),
         deadline: float | None = None,
     ) -> Watched:
         """The customer's sentinel version, by a plain read: it moves on every
@@ -890,19 +970,22 @@ class Store:
         nothing to try again for. With ``ahead``, also how many of those
         tickets are still queued; with a queued request's ``lease_id``, where
         releases hand over (see :meth:`release`), also the fencing token of
-        the rows a release handed to it, if any."""
+        the rows a release handed to it, if any. With ``held`` (the leases
+        that blocked its last attempt), also whether one of them still has a
+        live row."""
 
         def attempt(connection: Connection, _number: int) -> Watched:
             parameters: dict[str, Any] = {"c_id": customer_id}
             if ahead:
                 parameters["ahead"] = list(ahead)
-            statement: Any = VERSION_AHEAD if ahead else VERSION
+            if held:
+                parameters["held"] = list(held)
             # Where releases hand over, the rows handed to the request too.
             own = lease_id if batch.commits_in_batches(connection) else None
             looked = own is not None
             if looked:
                 parameters["l_id"] = own
-                statement = WATCH_AHEAD if ahead else WATCH
+            statement = watch_statement(handed=looked, ahead=bool(ahead), held=bool(held))
             row: Any
             if batch.rolls_back_in_batches(connection):
                 # The read and its ROLLBACK in one round trip: every waiter
@@ -915,17 +998,19 @@ class Store:
             if row is None:
                 return Watched(0, looked=looked)
             if not looked:
-                return Watched(int(row[0]), None, int(row[1]) if ahead else None, False)
-            row = json.loads(row.item)  # WATCH's and WATCH_AHEAD's one column
-            handed, handed_us, next_in_line, left = (*row[1:], None, None, None, None)[:4]
+                version, left, still = row
+                return Watched(int(version), None, _int(left), False, held_left=_int(still))
+            # The one column of a check where releases hand over.
+            version, handed, handed_us, next_in_line, left, still = json.loads(row.item)
             if handed is not None and own is not None:
                 self._note_heir(customer_id, own, _queue_row(next_in_line))
             return Watched(
-                int(row[0]),
-                None if handed is None else int(handed),
-                None if left is None else int(left),
+                int(version),
+                _int(handed),
+                _int(left),
                 True,
                 0.0 if handed_us is None else int(handed_us) / 1_000_000,
+                held_left=_int(still),
             )
 
         return self._tx.run(

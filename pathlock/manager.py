@@ -1077,7 +1077,8 @@ class PathLockManager:
                 self._in_doubt.settle_soon()
                 raise
             finally:
-                self._wakeups.notify(lease.customer_id)
+                # Only requests that conflict with its paths can follow it.
+                self._wakeups.notify(lease.customer_id, lease.paths)
 
     def _abandon(self, lease_id: str, ttl: float) -> None:
         # Its rows, if any, expire within a ttl of now (nobody renews them);

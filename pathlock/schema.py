@@ -16,6 +16,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 # read from that directory when pathlock is imported: on a server the library
 # never loads its migrations (a DBA runs them), so it runs today where they
 # are not files it could read (a zip, a frozen application, .pyc only).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 REVISION = REVISIONS[-1]
@@ -54,6 +55,7 @@ metadata = MetaData(
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
         "uq": "uq_%(table_name)s_%(column_0_N_name)s",
         "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
         "pk": "pk_%(table_name)s",
     },
     # Marks pathlock's own tables for the dialects' DDL (the MySQL family's
@@ -165,6 +167,30 @@ path_lock_waiters = Table(
     Index(None, "node_id", "pid", "thread"),
     # Tickets never repeat (SQLite would reuse the highest rowid once deleted).
     **dialects.never_reused_options(),
+    **_TABLE,
+)
+
+path_lock_waiter_paths = Table(
+    "path_lock_waiter_paths",
+    metadata,
+    # One row per (queued request, path), beside the request's row (revision
+    # 0007): "is an older request that conflicts with mine queued?" is then
+    # the conflict query on an index, as for live locks, instead of a read of
+    # the customer's whole queue. They go with their request's row (ON DELETE
+    # CASCADE), whoever deletes it: a grant, a give-up, the reaper, an operator.
+    Column("id", _BigId, primary_key=True, autoincrement=True),
+    Column(
+        "ticket",
+        BigInteger,
+        ForeignKey(path_lock_waiters.c.ticket, ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("customer_id", BigInteger, nullable=False),
+    Column("path", String(MAX_PATH_LENGTH), nullable=False),
+    Column("mode", String(9), nullable=False),
+    CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
+    Index(None, "customer_id", "path", **PATH_INDEX),
+    Index(None, "ticket"),
     **_TABLE,
 )
 

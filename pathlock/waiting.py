@@ -21,10 +21,12 @@ import contextlib
 import math
 import random
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from pathlock.errors import InvalidArgument
+from pathlock.paths import conflicts
+from pathlock.types import PathMode
 
 _MIN_FIRST = 0.001
 
@@ -222,18 +224,23 @@ class LocalWakeups:
         # an event of the asyncio API's loop.
         self._wakers: Callable[[], Waker] = ThreadWaker if wakers is None else wakers
 
-    def watch(self, customer_id: int) -> Watch:
-        """Start watching ``customer_id``; use as a context manager."""
-        return Watch(self, customer_id)
+    def watch(self, customer_id: int, paths: Sequence[PathMode] | None = None) -> Watch:
+        """Start watching ``customer_id`` for a request of ``paths`` (``None``:
+        woken by every release of the customer); use as a context manager."""
+        return Watch(self, customer_id, paths)
 
-    def notify(self, customer_id: int) -> None:
-        """A release of ``customer_id``: wake its local waiters that are
-        behind no other local waiter."""
+    def notify(self, customer_id: int, paths: Sequence[PathMode] | None = None) -> None:
+        """A release of ``paths`` of ``customer_id`` (``None``: unknown, or
+        any): wake its local waiters that are behind no other local waiter
+        and whose requests conflict with those paths. A release of other
+        paths cannot let them in: with many requests waiting in several
+        folders, waking them all made each release send an attempt of every
+        folder's first waiter, nearly all of them denied."""
         with self._lock:
             entry = self._entries.get(customer_id)
             if entry is not None:
                 for watch in entry.watches:
-                    if not watch._behind(entry):
+                    if not watch._behind(entry) and watch._may_follow(paths):
                         watch._signal(released=True)
 
     def queued(self) -> int:
@@ -252,19 +259,26 @@ class LocalWakeups:
 
 
 class _Entry:
-    __slots__ = ("tickets", "watches")
+    __slots__ = ("behind", "tickets", "watches")
 
     def __init__(self) -> None:
         self.watches: set[Watch] = set()
         self.tickets: dict[int, Watch] = {}  # the queued ones, by ticket
+        # Ticket -> the watches that found it ahead of them: who to look at
+        # when it leaves, without going through every watch (a process with
+        # hundreds of waiters did, at every hand-over).
+        self.behind: dict[int, set[Watch]] = {}
 
 
 class Watch:
     """One request's registration with :class:`LocalWakeups`."""
 
-    def __init__(self, wakeups: LocalWakeups, customer_id: int) -> None:
+    def __init__(
+        self, wakeups: LocalWakeups, customer_id: int, paths: Sequence[PathMode] | None = None
+    ) -> None:
         self._wakeups = wakeups
         self._customer_id = customer_id
+        self._paths = paths
         # Armed while this watch sleeps in wait(); a signal wakes it.
         self._waker: Waker | None = None
         self._entry: _Entry | None = None
@@ -302,6 +316,7 @@ class Watch:
                 self._ticket = ticket
                 self._set_ticket(entry, None)
             self._ticket = None
+            self._follow(entry, ())
             entry.watches.discard(self)
             if not entry.watches and wakeups._entries.get(self._customer_id) is entry:
                 del wakeups._entries[self._customer_id]
@@ -314,8 +329,20 @@ class Watch:
             entry = self._entry
             if entry is None:
                 raise RuntimeError("Watch.queued() outside its with block")
-            self._ahead = tuple(sorted(ahead))
+            self._follow(entry, tuple(sorted(ahead)))
             self._set_ticket(entry, ticket)
+
+    def _follow(self, entry: _Entry, ahead: tuple[int, ...]) -> None:
+        """Record ``ahead`` as the tickets this request waits behind."""
+        for ticket in self._ahead:
+            watching = entry.behind.get(ticket)
+            if watching is not None:
+                watching.discard(self)
+                if not watching:
+                    del entry.behind[ticket]
+        self._ahead = ahead
+        for ticket in ahead:
+            entry.behind.setdefault(ticket, set()).add(self)
 
     def _set_ticket(self, entry: _Entry, ticket: int | None) -> None:
         old, self._ticket = self._ticket, ticket
@@ -328,8 +355,8 @@ class Watch:
         entry.tickets.pop(old, None)  # absent if an interrupt came before it was set
         # The waiters that were behind this one here may be next now. A
         # release this one was woken for and did not act on goes to them.
-        for watch in entry.watches:
-            if old in watch._ahead and not watch._behind(entry):
+        for watch in list(entry.behind.get(old, ())):
+            if not watch._behind(entry):
                 watch._signal(released=self._released)
 
     def behind(self) -> bool:
@@ -341,6 +368,14 @@ class Watch:
     def _behind(self, entry: _Entry) -> bool:
         # The oldest tickets first: the one ahead is usually the very first.
         return any(ticket in entry.tickets for ticket in self._ahead)
+
+    def _may_follow(self, released: Sequence[PathMode] | None) -> bool:
+        """Whether a release of ``released`` (``None``: unknown) may let
+        this request in: it conflicts with them."""
+        mine = self._paths
+        if released is None or mine is None:
+            return True
+        return any(conflicts(own, other) for own in mine for other in released)
 
     def _signal(self, *, released: bool) -> None:
         if released:

@@ -153,6 +153,9 @@ def _sqlite_connect(dbapi_connection: Any, record: Any) -> None:
         # lock survives a power cut, as on a server.
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=FULL")
+        # A queued request's path rows go with its row (ON DELETE CASCADE):
+        # SQLite enforces foreign keys only where a connection asks.
+        cursor.execute("PRAGMA foreign_keys=ON")
         # Paths compare byte for byte, LIKE included (it folds ASCII case by
         # default, which would make /A/x a descendant of /a).
         cursor.execute("PRAGMA busy_timeout")

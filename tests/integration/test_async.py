@@ -663,8 +663,8 @@ def test_statements_are_batched_over_asyncmy_too(
     # reply to the lock of the sentinel row).
     assert batches == [
         (4, "COMMIT"),
-        (6, ""),
+        (7, ""),  # the lock, the grant, five reads
         (4, "COMMIT"),
-        (6, ""),
+        (7, ""),
         (3, "COMMIT"),
     ], batches

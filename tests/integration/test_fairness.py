@@ -33,6 +33,7 @@ from pathlock import (
     PathLockManager,
     WaiterInfo,
 )
+from pathlock._statements import MAX_AHEAD
 from pathlock.settings import DEFAULT as SETTINGS
 from pathlock.settings import Settings
 from tests.integration import queue_worker
@@ -633,3 +634,57 @@ def test_where_releases_do_not_hand_over_waiters_behind_others_judge_once_they_l
         for engine in engines:
             if isinstance(engine, Engine):
                 engine.dispose()
+
+
+def _queued_paths(raw_engine: Engine, customer_id: int) -> list[tuple[str, str]]:
+    with raw_engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT path, mode FROM path_lock_waiter_paths WHERE customer_id = :c"
+                " ORDER BY ticket, path"
+            ),
+            {"c": customer_id},
+        ).all()
+        connection.rollback()
+    return [(str(path), str(mode)) for path, mode in rows]
+
+
+def test_a_request_behind_a_crowd_reads_the_oldest_in_its_way_only(
+    locks: CustomerLocks, requests: list[Request], raw_engine: Engine
+) -> None:
+    """An attempt asks the database for the older requests in its way (the
+    oldest few, through an index), not for the whole queue: it used to read
+    and decode every queued request of the customer, so a burst of many
+    waiters cost the square of their number. Requests queued in another
+    folder are not in the way, and do not delay a request beside them."""
+    holder = _held_elsewhere(locks, requests, "/crowd", "/other")
+    count = MAX_AHEAD + 4
+    for number in range(count):
+        _start(requests, Request(locks, f"/crowd/f{number}", name=f"crowd-{number}"))
+        _queued(locks, number + 1)  # one at a time: their order is known
+    _start(requests, Request(locks, "/other/x", name="elsewhere"))
+    crowd = _queued(locks, count + 1)[:count]
+    # Each queued request's paths have rows of their own.
+    assert _queued_paths(raw_engine, locks.customer_id) == [
+        *((f"/crowd/f{number}", "exclusive") for number in range(count)),
+        ("/other/x", "exclusive"),
+    ]
+    late = _start(requests, Request(locks, "/crowd", timeout=0.5, name="late"))
+    error = late.outcome()
+    assert isinstance(error, LockTimeout)
+    # The oldest in its way, as many as one read returns.
+    assert [info.ticket for info in error.queued_behind] == [
+        info.ticket for info in crowd[:MAX_AHEAD]
+    ]
+    # A request beside the crowd is granted though the queue is not empty.
+    beside = locks.try_lock_paths("/beside")
+    assert beside is not None
+    beside.release()
+    late.finish()
+    holder.finish()
+    for request in requests[1:-1]:  # the crowd and the one elsewhere
+        assert isinstance(request.outcome(), Lease)
+        request.finish()
+    _left_queue(locks)
+    # The rows of requests that left the queue went with them.
+    assert _queued_paths(raw_engine, locks.customer_id) == []

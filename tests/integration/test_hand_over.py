@@ -791,7 +791,8 @@ def test_a_request_after_a_hand_on_is_queued_in_one_round_trip(
         with sent(monkeypatch) as commands:
             blocked = _attempt(store, again)
         assert [_statements(command) for command in commands] == [
-            ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", *["SELECT"] * 4, "COMMIT"]
+            # ... the queue row and its paths' rows (revision 0007)
+            ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", "INSERT", *["SELECT"] * 5, "COMMIT"]
         ], commands
         assert isinstance(blocked, Blocked)
         assert [info.lease_id for info in blocked.blockers] == [holder.lease_id]

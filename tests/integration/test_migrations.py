@@ -7,6 +7,7 @@ touched.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import secrets
@@ -33,6 +34,7 @@ from sqlalchemy import (
     create_engine,
     inspect,
     make_url,
+    text,
 )
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
@@ -47,7 +49,7 @@ SERVER_URL = make_url(
 )
 VERSION_TABLE = "pathlock_alembic_version"
 SERVERS = ("mysql", "mariadb")
-TABLES = ("customer_locks", "path_locks", "path_lock_waiters")
+TABLES = ("customer_locks", "path_locks", "path_lock_waiters", "path_lock_waiter_paths")
 
 NewDatabase = Callable[[], URL]
 
@@ -474,7 +476,7 @@ def test_tables_without_a_recorded_revision_are_refused_with_the_way_out(
     captured = capsys.readouterr()
     assert captured.err.startswith(f"pathlock: error: {UNRECORDED}"), captured.err
     assert "1050" not in captured.err
-    assert _table_names(empty_db_url) == set(TABLES)  # nothing changed
+    assert _table_names(empty_db_url) == set(TABLES[:3])  # nothing changed: revision 0003's tables
 
     # The way out, as the message says.
     assert _db(capsys, "stamp", "0003", *url)[0] == 0
@@ -614,3 +616,57 @@ def test_sql_without_a_server_is_refused(
         cli.main(["db", "upgrade", "--sql"])
     assert exited.value.code == 2
     assert "--sql needs --dialect or --database-url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["mariadb", "sqlite"])
+def test_0007_gives_the_requests_queued_before_it_rows_of_their_paths(
+    backend: str, empty_db_url: URL, tmp_path: Path
+) -> None:
+    """Requests queued under revision 0006 (an upgrade while requests wait)
+    get the rows that later requests find them by; a row pathlock could not
+    have written gets none; the rows go with their request's row."""
+    url = empty_db_url if backend == "mariadb" else make_url(f"sqlite:///{tmp_path / 'q.db'}")
+    migrate.upgrade(_url_text(url), revision="0006")
+    engine = create_engine(url, poolclass=NullPool)
+    columns = "customer_id, lease_id, paths, node_id, pid, thread, reason, created_at, expires_at"
+    queued = [
+        (7, [["/a", "exclusive"], ["/b/c", "shared"]]),
+        (8, [["/x", "shared"]]),
+        (7, "not a request"),
+    ]
+    try:
+        with engine.begin() as connection:
+            for customer_id, paths in queued:
+                connection.execute(
+                    text(
+                        f"INSERT INTO path_lock_waiters ({columns}) VALUES (:c, :l, :p, 'n',"
+                        " 1, 't', '', '2026-01-01', '2099-01-01')"
+                    ),
+                    {"c": customer_id, "l": secrets.token_hex(16), "p": json.dumps(paths)},
+                )
+        migrate.upgrade(_url_text(url))
+        with engine.begin() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT w.customer_id, p.customer_id, p.path, p.mode"
+                    " FROM path_lock_waiter_paths p JOIN path_lock_waiters w"
+                    " ON w.ticket = p.ticket ORDER BY p.ticket, p.path"
+                )
+            ).all()
+            assert [tuple(row) for row in rows] == [
+                (7, 7, "/a", "exclusive"),
+                (7, 7, "/b/c", "shared"),
+                (8, 8, "/x", "shared"),
+            ]
+        # The foreign key deletes a request's paths with it (SQLite: where
+        # the connection enforces foreign keys, as pathlock's do).
+        with engine.begin() as connection:
+            if backend == "sqlite":
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.execute(text("DELETE FROM path_lock_waiters WHERE customer_id = 7"))
+            left = connection.execute(text("SELECT path FROM path_lock_waiter_paths")).all()
+            assert [row[0] for row in left] == ["/x"]
+        migrate.downgrade(_url_text(url), revision="0006")
+        assert "path_lock_waiter_paths" not in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()

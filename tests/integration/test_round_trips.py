@@ -253,21 +253,25 @@ def test_a_denied_request_is_queued_in_three_round_trips(
         assert _statements(commands[0]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], (
             commands[0]
         )
-        reads = ["SELECT"] * 4
+        reads = ["SELECT"] * 5
         assert _statements(commands[1]) == ["UPDATE", "INSERT", *reads], commands[1]
-        assert _statements(commands[2]) == ["INSERT", "UPDATE", "COMMIT"], commands[2]
+        # The queue row, its paths' rows (revision 0007), the version put back.
+        assert _statements(commands[2]) == ["INSERT", "INSERT", "UPDATE", "COMMIT"], commands[2]
         assert "path_lock_waiters" in commands[2].split(";\n")[0]
+        assert "path_lock_waiter_paths" in commands[2].split(";\n")[1]
         lease.release()
 
 
-def test_a_request_of_a_customer_seen_with_a_queue_skips_the_grant_in_one(
+def test_a_request_beside_the_queue_of_a_customer_is_granted_in_one_round_trip(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The grant in one round trip requires an empty queue. A manager that has
-    just seen the customer's queue (its own request was queued, or a release
-    read it) sends the attempt that says who is in the way first: a request
-    that conflicts with nothing queued is granted in three round trips, not
-    four (the INSERT that then grants it, and the COMMIT)."""
+    """A request that conflicts with nothing queued is granted in one round
+    trip, its COMMIT included, however many requests are queued: the grant
+    asks whether an older request in its way is queued (revision 0007). It
+    used to require an empty queue: three round trips, and the whole queue
+    read. A manager that has just seen the customer's queue sends, in that
+    round trip, the queue row and the reads that say who is in the way too,
+    should it be refused (then nothing is granted and it is queued)."""
     with (
         PathLockManager(mariadb_url, heartbeat=False) as holder,
         PathLockManager(mariadb_url, heartbeat=False) as other,
@@ -298,11 +302,16 @@ def test_a_request_of_a_customer_seen_with_a_queue_skips_the_grant_in_one(
         sibling.release()
         lease.release()
         waiting.join()
-    assert [_statements(command) for command in commands] == [
-        ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT", "SELECT"],
-        ["INSERT"],
-        ["COMMIT"],
-    ], commands
+    # Within half a second of seeing the queue, the queue row and the reads
+    # travel with the grant (unused: it was granted); afterwards, the grant
+    # alone.
+    reads = ["SELECT"] * 5
+    expected = (
+        ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", "INSERT", *reads, "COMMIT"],
+        ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
+    )
+    assert len(commands) == 1, commands
+    assert _statements(commands[0]) in expected, commands
     assert outcome == ["granted"]
 
 
@@ -355,12 +364,14 @@ def test_a_waiters_checks_are_one_round_trip_each(
 
     queued = [
         ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the grant in one round trip, denied
-        ["UPDATE", "INSERT", *["SELECT"] * 4],  # the attempt, with who is in the way
-        ["INSERT", "UPDATE", "COMMIT"],  # the queue row
+        ["UPDATE", "INSERT", *["SELECT"] * 5],  # the attempt, with who is in the way
+        ["INSERT", "INSERT", "UPDATE", "COMMIT"],  # the queue row, and its paths
     ]
     checks = {
         ("SELECT", "ROLLBACK"),  # the version, and anything handed over
-        ("SELECT", "SELECT", "SELECT", "SELECT", "ROLLBACK"),  # locks, queue, own locks, lease
+        # locks, queued requests in the way, the queue (if the owner holds
+        # locks), own locks, lease
+        ("SELECT", "SELECT", "SELECT", "SELECT", "SELECT", "ROLLBACK"),
     }
     taken_up = ["UPDATE", "UPDATE", "COMMIT"]  # the sentinel row locked, the rows extended
     # A check that lands between the release and its hand-over finds the path
@@ -368,7 +379,7 @@ def test_a_waiters_checks_are_one_round_trip_each(
     # the path first or is denied, by the rows handed to it, which the attempt
     # after it takes up.
     granted = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"]
-    attempt = ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT", "SELECT"]
+    attempt = ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT", "SELECT", "SELECT"]
     raced = {tuple(granted), ("SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"), tuple(attempt)}
     released = ["UPDATE", "DELETE", "SELECT", "COMMIT"]
     # The holder saw the queue (its sibling's release read it): it reads the

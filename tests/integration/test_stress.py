@@ -313,10 +313,11 @@ def summarize_warnings(lines: Sequence[str]) -> Counter[str]:
 
 
 def remaining_rows(raw_engine: Engine, customer_id: int) -> int:
-    """Lock rows and queue rows of the customer still in the tables."""
+    """Lock rows and queue rows (and their paths) of the customer still in
+    the tables."""
     count = 0
     with raw_engine.connect() as connection:
-        for table in ("path_locks", "path_lock_waiters"):
+        for table in ("path_locks", "path_lock_waiters", "path_lock_waiter_paths"):
             count += connection.execute(
                 text(f"SELECT COUNT(*) FROM {table} WHERE customer_id = :c"), {"c": customer_id}
             ).scalar_one()

@@ -180,6 +180,28 @@ def test_a_queued_request_attempts_again_when_the_version_moves_and_it_is_next()
     assert run.flow.leave() is None  # the grant took the queue row
 
 
+def test_a_move_of_the_version_while_the_lock_in_the_way_still_holds_is_slept_through() -> None:
+    """With requests waiting in many folders, the version moves with every
+    grant and release of the customer: the first in line of each folder
+    attempted at each move, and was denied while its own holder held on."""
+    run = Run()
+    run.reply(None)
+    run.reply(blocked(5, version=1))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)  # Behind
+    # The check asks whether the lease in the way still holds.
+    assert run.reply(False) == ReadVersion(1010.0, held=("lease-0",))
+    # It does: the move was someone else's, no attempt.
+    assert isinstance(run.reply(Watched(2, held_left=1)), Sleep)
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    # It let go: straight to the attempt.
+    assert run.reply(Watched(3, held_left=0)) == Stop()
+    assert run.reply(None) == Attempt(5, queue=True, patience=1010.0, deadline=1010.0)
+
+
 def test_a_request_behind_others_judges_before_it_attempts() -> None:
     run = Run()
     run.reply(None)
@@ -230,7 +252,7 @@ def test_paths_a_release_handed_over_are_taken_up_without_an_attempt() -> None:
     run = _waiting_for_hand_over()
     run.clock.time += 0.01
     run.reply(False)  # Behind
-    assert run.reply(False) == ReadVersion(1010.0, handed=True)
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, held=("lease-0",))
     assert isinstance(run.reply(Watched(1, looked=True)), Sleep)  # not yet
     run.clock.time += 0.01
     run.reply(False)
@@ -273,7 +295,7 @@ def test_a_release_in_this_process_may_have_handed_its_paths_over() -> None:
     # Woken by a release here: unless the manager closed (or the request
     # was cancelled), a look for paths handed over.
     assert run.reply(True) == Stop()
-    assert run.reply(None) == ReadVersion(1010.0, handed=True)
+    assert run.reply(None) == ReadVersion(1010.0, handed=True, held=("lease-0",))
     assert run.reply(Watched(2, 45, looked=True)) == TakeUp(1010.0)
     assert run.finish(True) == (45, 6000.0, None)
     # Not handed to this one: an attempt, as without hand-overs.
@@ -401,13 +423,13 @@ def test_a_database_whose_releases_do_not_hand_over_is_checked_as_before() -> No
     run = _waiting_for_hand_over()
     run.clock.time += 0.01
     run.reply(False)
-    assert run.reply(False) == ReadVersion(1010.0, handed=True)
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, held=("lease-0",))
     sleep = run.reply(Watched(1))
     assert isinstance(sleep, Sleep)
     assert sleep.seconds == pytest.approx(0.01)  # the policy's, not hand_over_check
     run.clock.time += 0.01
     run.reply(False)
-    assert run.reply(False) == ReadVersion(1010.0)
+    assert run.reply(False) == ReadVersion(1010.0, held=("lease-0",))
 
 
 def test_the_recheck_judges_even_when_the_version_stands_still() -> None:
@@ -504,7 +526,7 @@ def test_a_read_cut_short_by_the_deadline_is_followed_by_the_last_attempt(read: 
     step = run.reply(False)
     if read != "refresh":
         assert step == Behind()
-        assert run.reply(False) == ReadVersion(1002.0)
+        assert run.reply(False) == ReadVersion(1002.0, held=("lease-0",))
         if read == "judge":
             run.reply(Watched(1))  # the version stood still past the recheck
         step = run.step
@@ -562,4 +584,4 @@ def test_without_a_timeout_the_calls_keep_their_own_bounds() -> None:
     run.reply()
     run.clock.time += 0.01
     run.reply(False)
-    assert run.reply(False) == ReadVersion(None)
+    assert run.reply(False) == ReadVersion(None, held=("lease-0",))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathlock.errors import InvalidArgument, PathLockError
-from pathlock.waiting import ExponentialBackoff, LocalWakeups, ReverseExponentialBackoff
+from pathlock.waiting import ExponentialBackoff, LocalWakeups, ReverseExponentialBackoff, Watch
 
 PROPERTY = settings(max_examples=200, deadline=None)
 GENEROUS = 5.0  # seconds: how long a "prompt" wake-up may take on a loaded machine
@@ -476,3 +476,59 @@ def test_the_naive_algorithms_backoff_never_starts_over() -> None:
     assert [delays.next() for _ in range(3)] == pytest.approx([0.25, 0.0158, 0.01], rel=1e-2)
     delays.reset()
     assert delays.next() == pytest.approx(0.01)
+
+
+def test_a_release_wakes_only_the_waiters_whose_paths_it_may_free() -> None:
+    """With requests waiting in many folders, a release in one of them wakes
+    its waiters, not every folder's: each would attempt, and be denied."""
+    wakeups = LocalWakeups()
+    with (
+        wakeups.watch(1, (("/a/x", "exclusive"),)) as inside,
+        wakeups.watch(1, (("/b", "exclusive"),)) as sibling,
+        wakeups.watch(1, (("/a", "shared"),)) as reader,
+        wakeups.watch(1) as anything,
+    ):
+        wakeups.notify(1, (("/a", "exclusive"),))
+        assert inside.wait(TIMEOUT) is True
+        assert reader.wait(TIMEOUT) is True
+        assert anything.wait(TIMEOUT) is True  # paths unknown: any release
+        assert sibling.wait(0.001) is False
+        wakeups.notify(1, (("/a/y", "shared"),))  # shared beside shared
+        assert reader.wait(0.001) is False
+        wakeups.notify(1)  # paths unknown: everyone
+        assert sibling.wait(TIMEOUT) is True
+
+
+def test_a_waiter_is_woken_when_the_last_local_request_ahead_of_it_leaves() -> None:
+    wakeups = LocalWakeups()
+    with (
+        wakeups.watch(1, (("/a", "exclusive"),)) as first,
+        wakeups.watch(1, (("/a", "exclusive"),)) as second,
+        wakeups.watch(1, (("/a", "exclusive"),)) as third,
+    ):
+        first.queued(10, ())
+        second.queued(11, (10,))
+        third.queued(12, (10, 11))
+        assert not first.behind()
+        assert second.behind()
+        assert third.behind()
+        wakeups.notify(1, (("/a", "exclusive"),))  # only the first is woken
+        assert first.wait(TIMEOUT) is True
+        assert second.wait(0.001) is False
+        assert third.wait(0.001) is False
+        first.queued(None, ())  # granted: the second is next here
+        assert _woken_within(second, GENEROUS)
+        assert not second.behind()
+        assert third.behind()
+        second.close()  # gave up: the third is next
+        assert not third.behind()
+        assert _woken_within(third, GENEROUS)
+    assert not wakeups._entries  # nothing left behind
+
+
+def _woken_within(watch: Watch, seconds: float) -> bool:
+    """Whether ``watch``'s sleep of up to TIMEOUT ended within ``seconds``
+    (woken because a request ahead of it left: no release, so False)."""
+    started = time.monotonic()
+    assert watch.wait(TIMEOUT, idle=TIMEOUT) is False
+    return time.monotonic() - started < seconds
