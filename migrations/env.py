@@ -84,14 +84,13 @@ def _configure(**connection_options: Any) -> None:
     )
 
 
-def _sql_url() -> str:
-    """The URL whose dialect the SQL printed is for."""
+def _sql_url() -> tuple[str, str]:
+    """The URL whose dialect the SQL printed is for, and that dialect's name."""
     url = _database_url()
     try:
-        pathlock.migrate.sql_dialect(url)
+        return url, pathlock.migrate.sql_dialect(url)
     except PathLockError as error:
         raise CommandError(str(error)) from error
-    return url
 
 
 def _engine() -> tuple[Engine, bool]:
@@ -107,8 +106,12 @@ def _engine() -> tuple[Engine, bool]:
 
 
 def run_migrations_offline() -> None:
-    """Print the SQL (``alembic upgrade head --sql``) instead of running it."""
-    _configure(url=_sql_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    """Print the SQL (``alembic upgrade head --sql``) instead of running it,
+    after the lines that say which server it is for: where it works on that
+    server alone, they stop it on any other before it creates anything."""
+    url, dialect = _sql_url()
+    _configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"})
+    context.get_context().impl.static_output(pathlock.dialects.sql_header(dialect))
     with context.begin_transaction():
         context.run_migrations()
 

@@ -158,7 +158,9 @@ def _sql_note() -> str:
     one_of = f"{', '.join(others)} or {last}" if others else last
     return (
         f"With --sql nothing connects: --dialect ({one_of}), else the URL's dialect, "
-        "says which server the SQL is for."
+        "says which server the SQL is for; a mysql+pymysql:// URL means MySQL 8, so for "
+        "MariaDB give --dialect mariadb. The SQL for MySQL or MariaDB begins with a statement "
+        "that stops it, before it creates anything, on any other server."
     )
 
 
@@ -498,8 +500,8 @@ def _sql_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dialect",
         choices=dialects.SUPPORTED,
-        help="with --sql: the server the SQL is for (default: that of --database-url); "
-        "MySQL and MariaDB need different collations",
+        help="with --sql: the server the SQL is for (default: that of --database-url, "
+        "where mysql means MySQL 8); MySQL and MariaDB need different collations",
     )
 
 

@@ -238,21 +238,16 @@ def _reaper(args: argparse.Namespace) -> int:
 
 
 def _sql_url(args: argparse.Namespace) -> str:
-    """The URL whose dialect --sql prints for, after printing which server
-    that is: --dialect, else --database-url or $PATHLOCK_DATABASE_URL; the
-    embedded default is never guessed at."""
+    """The URL whose dialect --sql prints for: --dialect, else --database-url
+    or $PATHLOCK_DATABASE_URL; the embedded default is never guessed at. (The
+    migrations print which server that is, first.)"""
     url = _first_url(args) or os.environ.get(URL_ENV_VAR)
     usage_error: Callable[[str], NoReturn] = args.usage_error
     if args.dialect is not None:
         # A URL without a server, for the dialect alone.
-        dialect, url = args.dialect, dialects.for_name(args.dialect).offline_url(args.dialect)
+        url = dialects.for_name(args.dialect).offline_url(args.dialect)
     elif url is None:
         usage_error("--sql needs --dialect or --database-url: which server is the SQL for?")
-    else:
-        from pathlock import migrate  # noqa: PLC0415
-
-        dialect = migrate.sql_dialect(url)  # one pathlock runs on, before any SQL
-    _write(dialects.sql_header(dialect))
     return url
 
 

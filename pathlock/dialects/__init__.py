@@ -142,7 +142,7 @@ def for_name(name: str) -> Dialect:
 
 
 def sql_header(name: str) -> str:
-    """The first line(s) of the SQL printed for SQLAlchemy's dialect ``name``
+    """The first lines of the SQL printed for SQLAlchemy's dialect ``name``
     (``pathlock db upgrade --sql``): its family's :meth:`Dialect.sql_header`,
     or the base class's for a database no family claims (the migrations print
     portable SQL for it)."""

@@ -237,8 +237,10 @@ class Dialect:
         return f"{name}://"
 
     def sql_header(self, name: str) -> str:
-        """The first line(s) of the SQL printed for ``name`` (``--sql``): an
-        SQL comment that says which server it is for."""
+        """The first lines of the SQL printed for ``name`` (``--sql``): an SQL
+        comment that says which server it is for and, where the SQL works on
+        that server alone, a statement that fails on any other, so that a
+        client stops before anything is created."""
         return f"-- pathlock's tables, for {name}."
 
     def async_url(self, url: URL) -> URL:

@@ -83,13 +83,53 @@ PATH_INDEX_PREFIX = 700
 
 _NAMES = ("mysql", "mariadb")
 
-# The first lines of the SQL `pathlock db upgrade --sql` prints for each name.
+# The SQL `pathlock db upgrade --sql` prints for one of the two works on that
+# one alone: the NO PAD collations have different names (revision 0003), and
+# MariaDB's records the revision with INSERT ... RETURNING (MariaDB 10.5+).
+# Piped into the other server's client, the script made four tables and then
+# failed, leaving them half made. So its first statement fails on any other
+# server, and the client stops there (`mysql` and `mariadb` stop at the first
+# error unless --force), before anything is created. An invalid sql_mode is
+# an error on both, and the error shows the value: the reason, which must
+# hold no comma (the server would show the part before it). Not a comment
+# only MariaDB runs (/*M!...*/): MySQL's client strips those by default, so a
+# MariaDB server it talks to never sees them. Not SIGNAL: a condition around
+# it needs a stored program on MySQL.
+_MAJOR = "CAST(SUBSTRING_INDEX(VERSION(), '.', 1) AS UNSIGNED)"
+_MINOR = "CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(VERSION(), '.', 2), '.', -1) AS UNSIGNED)"
+# For each name: (the condition on the server, the reason's end) per refusal.
+_REFUSALS = {
+    "mysql": (
+        ("VERSION() LIKE '%MariaDB%'", ": print the SQL for it with --dialect mariadb"),
+        (f"{_MAJOR} < 8", ""),
+    ),
+    "mariadb": (
+        ("VERSION() NOT LIKE '%MariaDB%'", ": print the SQL for it with --dialect mysql"),
+        (f"{_MAJOR} * 1000 + {_MINOR} < 10005", ""),
+    ),
+}
+_SERVERS = {"mysql": "MySQL 8.0 or later", "mariadb": "MariaDB 10.5 or later"}
 _SQL_HEADERS = {
     "mysql": "-- pathlock's tables, for MySQL 8.0 and later. For MariaDB, print them with\n"
-    "-- --dialect mariadb (or a mariadb+pymysql:// URL): the collations differ.",
-    "mariadb": "-- pathlock's tables, for MariaDB. For MySQL 8.0, print them with --dialect mysql\n"
-    "-- (or a mysql+pymysql:// URL): the collations differ.",
+    "-- --dialect mariadb (or a mariadb+pymysql:// URL): the collations differ.\n"
+    "-- The first statement stops this script on any other server, before it creates anything.",
+    "mariadb": "-- pathlock's tables, for MariaDB 10.5 and later. For MySQL 8.0, print them with\n"
+    "-- --dialect mysql (or a mysql+pymysql:// URL): the collations differ.\n"
+    "-- The first statement stops this script on any other server, before it creates anything.",
 }
+
+
+def _refusal(name: str) -> str:
+    """The statement that fails, saying why, on a server the SQL printed for
+    ``name`` is not for, and changes nothing on one it is for."""
+    cases = []
+    for condition, advice in _REFUSALS[name]:
+        reason = f"'pathlock: this SQL is for {_SERVERS[name]} and the server is ', VERSION()"
+        if advice:
+            reason += f",\n            '{advice}'"
+        cases.append(f"    WHEN {condition}\n        THEN CONCAT({reason})\n")
+    return f"SET SESSION sql_mode = CASE\n{''.join(cases)}    ELSE @@SESSION.sql_mode END;"
+
 
 # Several statements per query (pathlock._batch) need the connection flag
 # pymysql.constants.CLIENT.MULTI_STATEMENTS, the protocol's capability bit.
@@ -162,7 +202,7 @@ class MySQL(Dialect):
         return f"{name}+pymysql://"
 
     def sql_header(self, name: str) -> str:
-        return _SQL_HEADERS[name]
+        return f"{_SQL_HEADERS[name]}\n{_refusal(name)}"
 
     def server_version(self, connection: Connection) -> str:
         version = str(connection.exec_driver_sql("SELECT VERSION()").scalar())

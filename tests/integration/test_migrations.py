@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pymysql
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -39,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
-from pathlock import InvalidArgument, PathLockManager, SchemaMismatch, cli, migrate
+from pathlock import InvalidArgument, PathLockManager, SchemaMismatch, cli, dialects, migrate
 from pathlock.schema import REVISION, REVISIONS, compare_server_default, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +60,20 @@ def server() -> Iterator[Engine]:
     engine = create_engine(SERVER_URL, poolclass=NullPool)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def server_version(server: Engine) -> str:
+    """The test server's VERSION()."""
+    with server.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT VERSION()").scalar())
+
+
+@pytest.fixture
+def on_mariadb(server_version: str) -> None:
+    """Skips a test of SQL printed for MariaDB (or of its refusal) on MySQL."""
+    if "MariaDB" not in server_version:
+        pytest.skip(f"the test server is not MariaDB but {server_version}")
 
 
 @pytest.fixture
@@ -545,9 +560,9 @@ def test_a_manager_refuses_tables_at_another_revision(empty_db_url: URL) -> None
         PathLockManager(url, heartbeat=False)
 
 
-def _apply_with_the_client(url: URL, sql: str) -> None:
-    """Apply ``sql`` as a DBA would: with the ``mariadb`` command-line client."""
-    subprocess.run(
+def _run_the_client(url: URL, sql: str) -> subprocess.CompletedProcess[str]:
+    """Pipe ``sql`` into the ``mariadb`` command-line client, as a DBA would."""
+    return subprocess.run(
         [
             "mariadb",
             "--protocol=tcp",
@@ -561,25 +576,142 @@ def _apply_with_the_client(url: URL, sql: str) -> None:
         ],
         input=sql,
         text=True,
-        check=True,
+        check=False,
         capture_output=True,
         timeout=60,
     )
 
 
+def _apply_with_the_client(url: URL, sql: str) -> None:
+    """Apply ``sql`` with the ``mariadb`` client; it must run to the end."""
+    applied = _run_the_client(url, sql)
+    assert applied.returncode == 0, applied.stderr
+
+
+def _printed_sql(how: str, url: URL, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """The SQL of ``db upgrade --sql`` for the database at ``url``, asked for
+    ``how`` (``"HOW NAME"``): with ``--dialect NAME`` and a URL of the other
+    dialect (the option wins), with a ``NAME+pymysql://`` URL, or with that
+    URL through the `alembic` command."""
+    how, name = how.split()
+    other = next(each for each in SERVERS if each != name)
+    where = _url_text(url.set(drivername=f"{other if how == '--dialect' else name}+pymysql"))
+    if how == "alembic":
+        printed = _alembic(
+            "-x", f"url={where}", "upgrade", "head", "--sql", env=_environment(), cwd=tmp_path
+        )
+        assert printed.returncode == 0, printed.stderr
+        return printed.stdout
+    option = ["--dialect", name] if how == "--dialect" else []
+    assert cli.main(["db", "upgrade", "--sql", "--database-url", where, *option]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("on_mariadb")
+@pytest.mark.parametrize("how", ["--dialect mariadb", "url mariadb", "alembic mariadb"])
 def test_the_dbas_sql_makes_what_db_upgrade_makes(
-    new_database: NewDatabase, capsys: pytest.CaptureFixture[str]
+    how: str, new_database: NewDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     by_hand, by_upgrade = new_database(), new_database()
-    assert cli.main(["db", "upgrade", "--sql", "--dialect", "mariadb"]) == 0
-    sql = capsys.readouterr().out
-    assert sql.startswith("-- pathlock's tables, for MariaDB.")
+    sql = _printed_sql(how, by_hand, tmp_path, capsys)
+    assert sql.startswith("-- pathlock's tables, for MariaDB 10.5 and later.")
     _apply_with_the_client(by_hand, sql)
     assert cli.main(["db", "upgrade", "--database-url", _url_text(by_upgrade)]) == 0
     assert _show_create_tables(by_hand) == _show_create_tables(by_upgrade)
     assert _versions(by_hand) == _versions(by_upgrade) == [REVISION]
     # The server's own tables: the printed SQL was for this server.
     assert cli.main(["db", "check", "--database-url", _url_text(by_hand)]) == 0
+
+
+@pytest.mark.usefixtures("on_mariadb")
+@pytest.mark.parametrize("how", ["--dialect mysql", "url mysql", "alembic mysql"])
+def test_the_sql_for_mysql_stops_on_mariadb_before_creating_anything(
+    how: str,
+    server_version: str,
+    new_database: NewDatabase,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It created four tables, then failed at the first NO PAD collation
+    (utf8mb4_0900_bin, MySQL's), and left them there, half made."""
+    url = new_database()
+    sql = _printed_sql(how, url, tmp_path, capsys)
+    assert sql.startswith("-- pathlock's tables, for MySQL 8.0 and later.")
+    applied = _run_the_client(url, sql)
+    assert applied.returncode == 1
+    assert "ERROR 1231 (42000) at line 4: Variable 'sql_mode' can't be set to the value of " in (
+        applied.stderr
+    )
+    assert (
+        "'pathlock: this SQL is for MySQL 8.0 or later and the server is "
+        f"{server_version}: print the SQL for it with --dialect mariadb'"
+    ) in applied.stderr
+    assert _table_names(url) == set()
+
+
+@pytest.mark.usefixtures("on_mariadb")
+@pytest.mark.parametrize("verb", ["stamp", "downgrade"])
+def test_every_sql_for_mysql_stops_on_mariadb(
+    verb: str, new_database: NewDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = new_database()
+    migrate.upgrade(url)
+    revision = {"stamp": "0005", "downgrade": f"{REVISION}:0005"}[verb]
+    assert cli.main(["db", verb, revision, "--sql", "--dialect", "mysql"]) == 0
+    sql = capsys.readouterr().out
+    assert "'0005'" in sql  # what it would have done
+    applied = _run_the_client(url, sql)
+    assert applied.returncode == 1
+    assert "pathlock: this SQL is for MySQL 8.0 or later" in applied.stderr
+    assert _versions(url) == [REVISION]
+    assert _show_create_tables(url) == _show_create_tables(_upgraded(new_database()))
+
+
+def _upgraded(url: URL) -> URL:
+    migrate.upgrade(url)
+    return url
+
+
+# Servers other than the test server: the first statement of each SQL runs on
+# the test server as if VERSION() were theirs. True: the SQL must go on there.
+_VERSIONS = {
+    "8.0.36": {"mysql": True, "mariadb": False},
+    "8.4.3-log": {"mysql": True, "mariadb": False},
+    "9.1.0": {"mysql": True, "mariadb": False},
+    "5.7.44-log": {"mysql": False, "mariadb": False},
+    "10.4.34-MariaDB": {"mysql": False, "mariadb": False},
+    "10.5.0-MariaDB": {"mysql": False, "mariadb": True},
+    "10.11.19-MariaDB-0+deb12u1": {"mysql": False, "mariadb": True},
+    "11.4.4-MariaDB-log": {"mysql": False, "mariadb": True},
+}
+_FOR = {"mysql": "MySQL 8.0 or later", "mariadb": "MariaDB 10.5 or later"}
+
+
+@pytest.mark.parametrize("version", list(_VERSIONS))
+@pytest.mark.parametrize("name", SERVERS)
+def test_the_first_statement_lets_only_its_own_server_go_on(
+    name: str, version: str, server: Engine
+) -> None:
+    header = dialects.sql_header(name)
+    statement = "\n".join(line for line in header.splitlines() if not line.startswith("--"))
+    assert statement.startswith("SET SESSION sql_mode = CASE")
+    assert statement.endswith(";")
+    assert "VERSION()" in statement
+    as_if = statement.replace("VERSION()", f"'{version}'")
+    with server.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()  # no %-formatting: the raw driver
+        cursor.execute("SELECT @@SESSION.sql_mode")
+        before = cursor.fetchone()
+        if _VERSIONS[version][name]:
+            cursor.execute(as_if)
+        else:
+            with pytest.raises(pymysql.err.OperationalError) as refused:
+                cursor.execute(as_if)
+            code, message = refused.value.args
+            assert code == 1231
+            assert f"'pathlock: this SQL is for {_FOR[name]} and the server is {version}" in message
+        cursor.execute("SELECT @@SESSION.sql_mode")
+        assert cursor.fetchone() == before
 
 
 def test_the_dbas_sql_says_which_server_it_is_for(capsys: pytest.CaptureFixture[str]) -> None:
