@@ -33,7 +33,7 @@ from pathlock import _owners as owners
 from pathlock import _reaper as reaper
 from pathlock import _validation as validation
 from pathlock import dialects, events, otel
-from pathlock._acquire import acquire
+from pathlock._acquire import Cancel, acquire
 from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_open
 from pathlock._heartbeat import Heartbeat, Stragglers
 from pathlock._records import GrantRequest
@@ -789,6 +789,38 @@ class PathLockManager:
             abandoned=self._abandoned_leases(),
         )
         callbacks = () if on_lost is None else (on_lost,)
+        try:
+            return self._grant(
+                request, callbacks, blocking=blocking, wait_limit=wait_limit, cancel=event
+            )
+        except BaseException:
+            # Raised after the lease was registered, on the way out of the
+            # call (a signal held back while the call counted itself out
+            # raises there; a hook): the caller never gets the lease, so
+            # nobody would release it, and its rows would make this owner's
+            # next request fail as one that waits for itself.
+            self._undelivered(request)
+            raise
+
+    def _undelivered(self, request: GrantRequest) -> None:
+        """``request`` ended with an exception: if its lease is registered,
+        nobody has it, and it goes as a lease in doubt does."""
+        with self._leases_lock:
+            registered = request.lease_id in self._leases
+        if registered:
+            self._resolve(request.customer_id, request.lease_id, request.ttl)
+
+    def _grant(
+        self,
+        request: GrantRequest,
+        callbacks: tuple[LostCallback, ...],
+        *,
+        blocking: bool,
+        wait_limit: float | None,
+        cancel: Cancel | None,
+    ) -> Lease | None:
+        """Carry out ``request`` (see :meth:`_acquire`): its lease,
+        registered, or ``None`` for a try-lock that was denied."""
         called = time.monotonic()
         # The request's limit, to tell afterwards whether any of its attempts
         # got as far as a connection: if none did, nothing can have been
@@ -809,7 +841,7 @@ class PathLockManager:
                     blocking=blocking,
                     wait_limit=wait_limit,
                     closed=lambda: self._closed,
-                    cancel=event,
+                    cancel=cancel,
                     left_behind=self._leave_later,
                     take_up_later=self._renews,
                     limits=scope,
@@ -916,10 +948,10 @@ class PathLockManager:
     def _resolve(self, customer_id: int, lease_id: str, ttl: float) -> None:
         """Delete whatever rows ``lease_id`` may have, now if possible, else
         soon after from a background thread (and at close)."""
-        self._in_doubt.add(customer_id, lease_id, ttl)
         # Until they are gone, its rows make this owner wait, not fail as a
         # request that waits for itself.
         self._abandon(lease_id, ttl)
+        self._in_doubt.add(customer_id, lease_id, ttl)
         with self._leases_lock:
             lease = self._leases.pop(lease_id, None)
         if lease is not None:

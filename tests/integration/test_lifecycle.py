@@ -350,6 +350,43 @@ def test_close_finishes_an_interrupted_release(
     assert _count(raw_engine, customer_id) == (0, 0)
 
 
+@pytest.mark.parametrize("call", ["lock_paths", "try_lock_paths"])
+def test_an_interrupt_after_the_grant_returned_leaves_the_owner_free_to_ask_again(
+    manager: PathLockManager,
+    locks: CustomerLocks,
+    customer_id: int,
+    raw_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    call: str,
+) -> None:
+    """A signal that arrives while the granted call counts itself out is held
+    back there and raised as the call returns: after the grant, before the
+    Lease reaches the caller. Its lease stayed registered and renewed, and
+    the same thread's next request failed as a deadlock with itself (2 of 250
+    rounds with random SIGALRMs); the caller never had the lease to release."""
+    target = manager._calls._condition
+    original = threading.Condition.__enter__
+    entered = [0]
+
+    def enter(self: threading.Condition) -> bool:
+        taken = original(self)
+        if self is target and threading.current_thread() is threading.main_thread():
+            entered[0] += 1
+            if entered[0] == 2:  # counting the call out: the grant is done
+                os.kill(os.getpid(), signal.SIGINT)  # held back until the count is down
+        return taken
+
+    monkeypatch.setattr(threading.Condition, "__enter__", enter)
+    with pytest.raises(KeyboardInterrupt):
+        getattr(locks, call)("/Shared/a")
+    monkeypatch.undo()
+    assert entered[0] >= 2
+    with locks.lock_paths("/Shared/a", timeout=5) as lease:  # not DeadlockDetected
+        lease.ensure_held()
+    assert locks.release_locks() == 0
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
 class _InterruptAfterLimit:
     """Stands in for the context variable that holds a call's time limit and
     raises KeyboardInterrupt once, right after the first finite limit is set:
