@@ -43,6 +43,12 @@ class Keeper(Protocol):
         """Renew ``leases`` now; mark the ones found gone as lost."""
         ...
 
+    def release_interrupted(self, lease: Lease) -> None:
+        """Something (an interrupt) stopped :meth:`release` midway: the rows
+        may or may not be gone. Finish the release soon; until then they must
+        not count as held by the owner."""
+        ...
+
     def run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None:
         """Run ``on_lost`` callbacks, on the manager's callback thread."""
         ...
@@ -225,6 +231,11 @@ class Lease:
                     error,
                 )
                 return
+            except BaseException:
+                # Wherever it struck (before or after the DELETE went out,
+                # before the manager heard of the release at all).
+                self._keeper.release_interrupted(self)
+                raise
             self._settled = True
         # None: a retry found the rows gone, which its first try deleted.
         if deleted == 0:  # nothing to release

@@ -1101,15 +1101,21 @@ class PathLockManager:
                 # request that waits for itself.
                 self._abandon(lease.lease_id, lease.ttl)
                 raise
-            except BaseException:
-                # Interrupted: the DELETE may or may not have happened. (Not
-                # recorded before the call: settling it from another thread
-                # while this release runs would make this one find nothing.)
-                self._in_doubt.add(lease.customer_id, lease.lease_id, lease.ttl)
-                self._in_doubt.settle_soon()
-                raise
             finally:
                 self._wakeups.notify(lease.customer_id)
+
+    def _release_interrupted(self, lease: Lease) -> None:
+        """An interrupt stopped ``lease``'s release (see :meth:`Lease.release`):
+        the DELETE may or may not have happened. (Not recorded before the
+        release: settling it from another thread while the release runs
+        would make the release find nothing.)"""
+        # Until the rows are gone they make the owner wait, not fail as a
+        # request that waits for itself.
+        self._abandon(lease.lease_id, lease.ttl)
+        self._in_doubt.add(lease.customer_id, lease.lease_id, lease.ttl)
+        with self._leases_lock:
+            self._leases.pop(lease.lease_id, None)
+        self._in_doubt.settle_soon()
 
     def _abandon(self, lease_id: str, ttl: float) -> None:
         # Its rows, if any, expire within a ttl of now (nobody renews them);
@@ -1162,6 +1168,9 @@ class _Keeper:
 
     def release(self, lease: Lease) -> int | None:
         return self._manager._release(lease)
+
+    def release_interrupted(self, lease: Lease) -> None:
+        self._manager._release_interrupted(lease)
 
     def renew(self, leases: list[Lease]) -> None:
         self._manager._renew_leases(leases)

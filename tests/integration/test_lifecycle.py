@@ -27,6 +27,7 @@ from sqlalchemy import Engine, func, select
 from pathlock import (
     CustomerLocks,
     LeaseLost,
+    LockTimeout,
     ManagerClosed,
     PathLockManager,
     Settings,
@@ -337,6 +338,36 @@ def test_an_interrupted_release_can_be_finished(
     lease.release()  # again: this time it happens
     assert _count(raw_engine, customer_id) == (0, 0)
     assert not lease.lost
+
+
+def test_the_rows_of_an_interrupted_release_make_their_owner_wait(
+    manager: PathLockManager,
+    locks: CustomerLocks,
+    customer_id: int,
+    raw_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Until the manager finishes an interrupted release (here: not yet, as
+    when the database does not answer its settler), the rows left make their
+    owner's next request wait, not fail as one that waits for itself."""
+    lease = locks.lock_paths("/Shared/a")
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt  # before its DELETE went out
+
+    monkeypatch.setattr(manager._in_doubt, "settle_soon", lambda: None)
+    with monkeypatch.context() as patch:
+        patch.setattr(manager._store, "release", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lease.release()
+    assert _count(raw_engine, customer_id) == (1, 0)
+    with pytest.raises(LockTimeout):  # not DeadlockDetected
+        locks.lock_paths("/Shared/a", timeout=0.3)
+    monkeypatch.undo()
+    manager._in_doubt.settle()
+    with locks.lock_paths("/Shared/a", timeout=5):
+        pass
+    assert _count(raw_engine, customer_id) == (0, 0)
 
 
 def test_close_finishes_an_interrupted_release(
