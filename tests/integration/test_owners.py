@@ -31,6 +31,8 @@ from pathlock import (
 )
 from pathlock.schema import path_locks
 
+HANG = 60.0  # seconds: only reached when something is broken
+
 
 def _rows(engine: Engine, lease: Lease) -> int:
     with engine.connect() as connection:
@@ -114,6 +116,51 @@ def test_asyncio_tasks_of_one_loop_are_separate_owners(
 
     lease, kind, released = asyncio.run(main())
     assert (kind, released) == (LockTimeout, 0)
+    lease.ensure_held()
+    assert _rows(raw_engine, lease) == 1
+    lease.release()
+
+
+def _one_pool_thread() -> None:
+    """The running loop's default executor (``to_thread``'s, and
+    ``run_in_executor(None, ...)``'s) gets one thread: every call runs on it."""
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+
+
+def test_tasks_that_call_through_to_thread_wait_for_each_other(
+    manager: PathLockManager, locks: CustomerLocks, customer_id: int
+) -> None:
+    """``asyncio.to_thread`` runs both tasks' calls on the same pool thread,
+    in a copy of each task's context: the second task waits for the first
+    one's lease, it is no deadlock with itself."""
+
+    async def main() -> tuple[Lease, Lease]:
+        _one_pool_thread()
+        lease = await asyncio.to_thread(locks.lock_paths, "/Shared/a")
+        waiting = asyncio.create_task(
+            asyncio.to_thread(locks.lock_paths, "/Shared/a", timeout=HANG)
+        )
+        while not waiting.done() and not manager.list_waiters(customer_id):
+            await asyncio.sleep(0.01)  # until it is queued (or failed)
+        lease.release()
+        return lease, await waiting
+
+    lease, granted = asyncio.run(main())
+    assert granted.owner.key != lease.owner.key
+    granted.release()
+
+
+def test_a_task_calling_through_to_thread_releases_none_of_another_tasks_leases(
+    locks: CustomerLocks, raw_engine: Engine
+) -> None:
+    async def main() -> tuple[Lease, int]:
+        _one_pool_thread()
+        lease = await asyncio.create_task(asyncio.to_thread(locks.lock_paths, "/Shared/a"))
+        released = await asyncio.create_task(asyncio.to_thread(locks.release_locks))
+        return lease, released
+
+    lease, released = asyncio.run(main())
+    assert released == 0
     lease.ensure_held()
     assert _rows(raw_engine, lease) == 1
     lease.release()
