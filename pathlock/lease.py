@@ -153,7 +153,8 @@ class Lease:
     @property
     def lost(self) -> bool:
         """True when the lease is known or presumed to be no longer held, for a
-        reason other than this process releasing it."""
+        reason other than its own :meth:`release` (``close()`` and the
+        owner's ``release_locks()`` take it away from its holder: lost)."""
         return self._lost_reason is not None or (
             not self._released and self._clock.now() >= self.lost_at
         )
@@ -256,7 +257,7 @@ class Lease:
 
     def _end(self, reason: str) -> None:
         """The manager takes the lease away while its holder may still be
-        using it (``close()``): the holder hears of it as of a lost lease
+        using it (``close()``, ``release_locks()``): the holder hears of it as of a lost lease
         (:meth:`ensure_held`, leaving its ``with`` block), but no ``on_lost``
         callback runs, since nothing went wrong."""
         with self._lock:

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSED_WHILE_HELD = "the PathLockManager was closed while the lease was held"
+RELEASED_BY_OWNER = "release_locks() of its owner released it while it was held"
 
 
 def _several(database: object) -> bool:
@@ -1128,30 +1129,40 @@ class PathLockManager:
 
     def _release_owner(self, customer_id: int, name: object, holder: Owner | None = None) -> int:
         owner = self._owner(name) if holder is None else holder
+        mine: list[Lease] = []
         with self._call("release locks"):
-            with self._leases_lock:
-                mine = [
-                    lease
-                    for lease in self._leases.values()
-                    if lease.customer_id == customer_id and lease.owner.key == owner.key
-                ]
-                for lease in mine:
-                    del self._leases[lease.lease_id]
-            for lease in mine:
-                lease._mark_released()
             try:
+                with self._leases_lock:
+                    mine.extend(
+                        lease
+                        for lease in self._leases.values()
+                        if lease.customer_id == customer_id and lease.owner.key == owner.key
+                    )
+                    for lease in mine:
+                        del self._leases[lease.lease_id]
+                for lease in mine:
+                    _take_away(lease)
                 released = self._store.release_owner(customer_id, owner)
             except BaseException:
-                # Failed or interrupted: delete them by lease id, soon.
+                # Failed or interrupted: the rows may stay. They make the
+                # owner wait, and are deleted by lease id, soon.
                 for lease in mine:
-                    self._in_doubt.add(customer_id, lease.lease_id, lease.ttl)
-                self._in_doubt.settle_soon()
+                    _take_away(lease)
+                    self._release_interrupted(lease)
                 raise
             finally:
                 self._wakeups.notify(customer_id)
         for lease in mine:
             lease._tell_released()
         return released
+
+
+def _take_away(lease: Lease) -> None:
+    """``release_locks()`` releases ``lease``: its holder may still be in its
+    ``with`` block (another task whose calls ran on the same pool thread, the
+    holder itself), and must hear that the lock is gone, as after close()."""
+    lease._end(RELEASED_BY_OWNER)
+    lease._mark_released()
 
 
 class _Keeper:

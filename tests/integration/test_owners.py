@@ -26,6 +26,7 @@ from pathlock import (
     CustomerLocks,
     InvalidArgument,
     Lease,
+    LeaseLost,
     LockTimeout,
     PathLockManager,
 )
@@ -164,6 +165,38 @@ def test_a_task_calling_through_to_thread_releases_none_of_another_tasks_leases(
     lease.ensure_held()
     assert _rows(raw_engine, lease) == 1
     lease.release()
+
+
+def test_a_with_block_whose_lease_release_locks_released_raises_lease_lost(
+    locks: CustomerLocks,
+) -> None:
+    """Tasks whose calls ``loop.run_in_executor`` runs on one pool thread
+    (no context copied) are that thread's owner: the later one's
+    ``release_locks()`` releases the earlier one's lease while its ``with``
+    block runs, and the block must not end as if it had held the lock
+    throughout."""
+
+    async def hold(inside: asyncio.Event, done: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        with await loop.run_in_executor(None, locks.lock_paths, "/Shared/a") as lease:
+            inside.set()
+            await done.wait()
+            assert lease.lost
+
+    async def main() -> int:
+        _one_pool_thread()
+        inside, done = asyncio.Event(), asyncio.Event()
+        holder = asyncio.create_task(hold(inside, done))
+        await inside.wait()
+        loop = asyncio.get_running_loop()
+        released = await loop.run_in_executor(None, locks.release_locks)
+        done.set()
+        with pytest.raises(LeaseLost, match="release_locks"):
+            await holder
+        return released
+
+    assert asyncio.run(main()) == 1
+    assert locks.list_locks() == []
 
 
 def test_owner_names_are_checked_before_anything_is_written(locks: CustomerLocks) -> None:
