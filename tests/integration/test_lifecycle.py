@@ -606,6 +606,56 @@ def test_interrupts_at_random_moments_leave_no_rows(
     assert _count(raw_engine, customer_id) == (0, 0)
 
 
+_INTERRUPTED_ROUNDS = textwrap.dedent(
+    """
+    import random, signal, sys
+    from pathlock import PathLockManager
+    url, customer, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, interrupt)
+    manager = PathLockManager(url, ttl=60)
+    locks = manager.for_customer(customer)
+    interrupted = 0
+    for n in range(rounds):
+        lease = None
+        try:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.004))
+                # Whatever an interrupt left of the last round, this owner
+                # waits for it (DeadlockDetected ends the script).
+                lease = locks.lock_paths("/x", timeout=5)
+                lease.release()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:
+            interrupted += 1
+            if lease is not None:
+                lease.release()  # an interrupted release is finished by calling it again
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    manager.close()
+    print(interrupted)
+    """
+)
+
+
+def test_an_owner_interrupted_at_random_moments_never_deadlocks_with_itself(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_ROUNDS, database_url, str(customer_id), "120"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 10, "the timer should have struck often"
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
 # -- the interpreter's exit --------------------------------------------------------
 
 
