@@ -2,16 +2,19 @@
 
 The holder is, in this order: the ``owner=`` name the caller gives (a request
 id on a thread pool, say); else the asyncio task the call runs in; else the
-calling thread. Holders get ids of their own here, never the operating
-system's thread id or ``id()`` of an object: those are reused as soon as a
-thread ends or an object is freed, and would make unrelated work one owner
-(a pool thread inheriting a finished thread's locks, a new task a finished
-task's).
+calling thread's context (see :func:`_context_holder`): the thread itself,
+or, for a call that runs in a copy of another thread's context (what
+``asyncio.to_thread`` makes of the calling task's), that copy. Holders get
+ids of their own here, never the operating system's thread id or ``id()`` of
+an object: those are reused as soon as a thread ends or an object is freed,
+and would make unrelated work one owner (a pool thread inheriting a finished
+thread's locks, a new task a finished task's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import getpass
 import hashlib
 import itertools
@@ -28,6 +31,9 @@ from pathlock.types import Owner
 # identities, so its keys differ anyway.
 _next_id = itertools.count(1)
 _threads = threading.local()
+# The holder of calls outside tasks, kept in the context they run in, with
+# the thread-local marker of the thread that made it (see _context_holder).
+_holders: contextvars.ContextVar[tuple[object, str]] = contextvars.ContextVar("pathlock_holder")
 # Tasks are weakly referenced: a finished task's entry goes with it, and its
 # id is never given to another task.
 _tasks: weakref.WeakKeyDictionary[asyncio.Task[object], str] = weakref.WeakKeyDictionary()
@@ -72,12 +78,32 @@ def _holder(name: object) -> str:
             if holder is None:
                 holder = _tasks[task] = f"a{next(_next_id)}"
         return holder
-    holder = getattr(_threads, "holder", None)
-    if holder is None:
+    return _context_holder()
+
+
+def _context_holder() -> str:
+    """The holder of a call outside any task: the one kept in the current
+    context if this thread made it, else a new one, kept there.
+
+    A thread runs in a context of its own (empty when it starts), so each
+    thread is a holder. ``asyncio.to_thread`` runs a call in a copy of the
+    calling task's context instead, on whichever pool thread is free: a
+    holder made there stays in that copy, so two tasks' calls on one pool
+    thread are two holders, never that thread's. (Nothing marks the task
+    itself: no pathlock code runs in it, and what a task's context holds
+    its child tasks inherit.) A copy may carry the holder of the thread it
+    was copied from, say a loop thread that used this API before it ran
+    the loop: another thread does not take that one up."""
+    marker = getattr(_threads, "marker", None)
+    if marker is None:
         # threading.local data dies with its thread: a new thread that gets
         # the same OS thread id starts without it.
-        holder = _threads.holder = f"t{next(_next_id)}"
-    return str(holder)
+        marker = _threads.marker = object()
+    made_by, holder = _holders.get((None, ""))
+    if made_by is not marker:
+        holder = f"t{next(_next_id)}"
+        _holders.set((marker, holder))
+    return holder
 
 
 def _current_task() -> asyncio.Task[object] | None:

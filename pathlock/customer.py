@@ -53,7 +53,9 @@ class CustomerLocks:
         The owner is, within this manager instance, ``owner`` if given (any
         text, such as a request id: use it when one piece of work moves
         between threads of a pool, or when unrelated work shares a thread),
-        else the calling asyncio task, else the calling thread. It decides
+        else the calling asyncio task, else the calling thread; a call that
+        ``asyncio.to_thread`` runs (in a copy of its task's context) is an
+        owner of its own, not the pool thread's. It decides
         :meth:`release_locks` and the deadlock rule above; it never lets
         anyone release a lease but through the lease itself.
 
@@ -111,7 +113,9 @@ class CustomerLocks:
         this manager; return the number of paths released. The owner is
         ``owner`` if given, else the calling asyncio task, else the calling
         thread (as for :meth:`lock_paths`): never another manager's leases,
-        nor another thread's or task's."""
+        nor another thread's or task's. A holder still using a lease released
+        here finds it lost (:meth:`Lease.ensure_held` and the end of its
+        ``with`` block raise :class:`LeaseLost`), as after ``close()``."""
         return self.manager._release_owner(self.customer_id, owner)
 
     def list_locks(self, *, include_expired: bool = False) -> list[LockInfo]:

@@ -43,6 +43,12 @@ class Keeper(Protocol):
         """Renew ``leases`` now; mark the ones found gone as lost."""
         ...
 
+    def release_interrupted(self, lease: Lease) -> None:
+        """Something (an interrupt) stopped :meth:`release` midway: the rows
+        may or may not be gone. Finish the release soon; until then they must
+        not count as held by the owner."""
+        ...
+
     def run_callbacks(self, lease: Lease, callbacks: tuple[LostCallback, ...]) -> None:
         """Run ``on_lost`` callbacks, on the manager's callback thread."""
         ...
@@ -147,7 +153,8 @@ class Lease:
     @property
     def lost(self) -> bool:
         """True when the lease is known or presumed to be no longer held, for a
-        reason other than this process releasing it."""
+        reason other than its own :meth:`release` (``close()`` and the
+        owner's ``release_locks()`` take it away from its holder: lost)."""
         return self._lost_reason is not None or (
             not self._released and self._clock.now() >= self.lost_at
         )
@@ -225,6 +232,11 @@ class Lease:
                     error,
                 )
                 return
+            except BaseException:
+                # Wherever it struck (before or after the DELETE went out,
+                # before the manager heard of the release at all).
+                self._keeper.release_interrupted(self)
+                raise
             self._settled = True
         # None: a retry found the rows gone, which its first try deleted.
         if deleted == 0:  # nothing to release
@@ -245,7 +257,7 @@ class Lease:
 
     def _end(self, reason: str) -> None:
         """The manager takes the lease away while its holder may still be
-        using it (``close()``): the holder hears of it as of a lost lease
+        using it (``close()``, ``release_locks()``): the holder hears of it as of a lost lease
         (:meth:`ensure_held`, leaving its ``with`` block), but no ``on_lost``
         callback runs, since nothing went wrong."""
         with self._lock:

@@ -33,7 +33,7 @@ from pathlock import _owners as owners
 from pathlock import _reaper as reaper
 from pathlock import _validation as validation
 from pathlock import dialects, events, otel
-from pathlock._acquire import acquire
+from pathlock._acquire import Cancel, acquire
 from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_open
 from pathlock._heartbeat import Heartbeat, Stragglers
 from pathlock._records import GrantRequest
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSED_WHILE_HELD = "the PathLockManager was closed while the lease was held"
+RELEASED_BY_OWNER = "release_locks() of its owner released it while it was held"
 
 
 def _several(database: object) -> bool:
@@ -789,6 +790,38 @@ class PathLockManager:
             abandoned=self._abandoned_leases(),
         )
         callbacks = () if on_lost is None else (on_lost,)
+        try:
+            return self._grant(
+                request, callbacks, blocking=blocking, wait_limit=wait_limit, cancel=event
+            )
+        except BaseException:
+            # Raised after the lease was registered, on the way out of the
+            # call (a signal held back while the call counted itself out
+            # raises there; a hook): the caller never gets the lease, so
+            # nobody would release it, and its rows would make this owner's
+            # next request fail as one that waits for itself.
+            self._undelivered(request)
+            raise
+
+    def _undelivered(self, request: GrantRequest) -> None:
+        """``request`` ended with an exception: if its lease is registered,
+        nobody has it, and it goes as a lease in doubt does."""
+        with self._leases_lock:
+            registered = request.lease_id in self._leases
+        if registered:
+            self._resolve(request.customer_id, request.lease_id, request.ttl)
+
+    def _grant(
+        self,
+        request: GrantRequest,
+        callbacks: tuple[LostCallback, ...],
+        *,
+        blocking: bool,
+        wait_limit: float | None,
+        cancel: Cancel | None,
+    ) -> Lease | None:
+        """Carry out ``request`` (see :meth:`_acquire`): its lease,
+        registered, or ``None`` for a try-lock that was denied."""
         called = time.monotonic()
         # The request's limit, to tell afterwards whether any of its attempts
         # got as far as a connection: if none did, nothing can have been
@@ -809,7 +842,7 @@ class PathLockManager:
                     blocking=blocking,
                     wait_limit=wait_limit,
                     closed=lambda: self._closed,
-                    cancel=event,
+                    cancel=cancel,
                     left_behind=self._leave_later,
                     take_up_later=self._renews,
                     limits=scope,
@@ -916,10 +949,10 @@ class PathLockManager:
     def _resolve(self, customer_id: int, lease_id: str, ttl: float) -> None:
         """Delete whatever rows ``lease_id`` may have, now if possible, else
         soon after from a background thread (and at close)."""
-        self._in_doubt.add(customer_id, lease_id, ttl)
         # Until they are gone, its rows make this owner wait, not fail as a
         # request that waits for itself.
         self._abandon(lease_id, ttl)
+        self._in_doubt.add(customer_id, lease_id, ttl)
         with self._leases_lock:
             lease = self._leases.pop(lease_id, None)
         if lease is not None:
@@ -1069,16 +1102,22 @@ class PathLockManager:
                 # request that waits for itself.
                 self._abandon(lease.lease_id, lease.ttl)
                 raise
-            except BaseException:
-                # Interrupted: the DELETE may or may not have happened. (Not
-                # recorded before the call: settling it from another thread
-                # while this release runs would make this one find nothing.)
-                self._in_doubt.add(lease.customer_id, lease.lease_id, lease.ttl)
-                self._in_doubt.settle_soon()
-                raise
             finally:
                 # Only requests that conflict with its paths can follow it.
                 self._wakeups.notify(lease.customer_id, lease.paths)
+
+    def _release_interrupted(self, lease: Lease) -> None:
+        """An interrupt stopped ``lease``'s release (see :meth:`Lease.release`):
+        the DELETE may or may not have happened. (Not recorded before the
+        release: settling it from another thread while the release runs
+        would make the release find nothing.)"""
+        # Until the rows are gone they make the owner wait, not fail as a
+        # request that waits for itself.
+        self._abandon(lease.lease_id, lease.ttl)
+        self._in_doubt.add(lease.customer_id, lease.lease_id, lease.ttl)
+        with self._leases_lock:
+            self._leases.pop(lease.lease_id, None)
+        self._in_doubt.settle_soon()
 
     def _abandon(self, lease_id: str, ttl: float) -> None:
         # Its rows, if any, expire within a ttl of now (nobody renews them);
@@ -1091,30 +1130,40 @@ class PathLockManager:
 
     def _release_owner(self, customer_id: int, name: object, holder: Owner | None = None) -> int:
         owner = self._owner(name) if holder is None else holder
+        mine: list[Lease] = []
         with self._call("release locks"):
-            with self._leases_lock:
-                mine = [
-                    lease
-                    for lease in self._leases.values()
-                    if lease.customer_id == customer_id and lease.owner.key == owner.key
-                ]
-                for lease in mine:
-                    del self._leases[lease.lease_id]
-            for lease in mine:
-                lease._mark_released()
             try:
+                with self._leases_lock:
+                    mine.extend(
+                        lease
+                        for lease in self._leases.values()
+                        if lease.customer_id == customer_id and lease.owner.key == owner.key
+                    )
+                    for lease in mine:
+                        del self._leases[lease.lease_id]
+                for lease in mine:
+                    _take_away(lease)
                 released = self._store.release_owner(customer_id, owner)
             except BaseException:
-                # Failed or interrupted: delete them by lease id, soon.
+                # Failed or interrupted: the rows may stay. They make the
+                # owner wait, and are deleted by lease id, soon.
                 for lease in mine:
-                    self._in_doubt.add(customer_id, lease.lease_id, lease.ttl)
-                self._in_doubt.settle_soon()
+                    _take_away(lease)
+                    self._release_interrupted(lease)
                 raise
             finally:
                 self._wakeups.notify(customer_id)
         for lease in mine:
             lease._tell_released()
         return released
+
+
+def _take_away(lease: Lease) -> None:
+    """``release_locks()`` releases ``lease``: its holder may still be in its
+    ``with`` block (another task whose calls ran on the same pool thread, the
+    holder itself), and must hear that the lock is gone, as after close()."""
+    lease._end(RELEASED_BY_OWNER)
+    lease._mark_released()
 
 
 class _Keeper:
@@ -1131,6 +1180,9 @@ class _Keeper:
 
     def release(self, lease: Lease) -> int | None:
         return self._manager._release(lease)
+
+    def release_interrupted(self, lease: Lease) -> None:
+        self._manager._release_interrupted(lease)
 
     def renew(self, leases: list[Lease]) -> None:
         self._manager._renew_leases(leases)

@@ -27,6 +27,7 @@ from sqlalchemy import Engine, func, select
 from pathlock import (
     CustomerLocks,
     LeaseLost,
+    LockTimeout,
     ManagerClosed,
     PathLockManager,
     Settings,
@@ -339,6 +340,36 @@ def test_an_interrupted_release_can_be_finished(
     assert not lease.lost
 
 
+def test_the_rows_of_an_interrupted_release_make_their_owner_wait(
+    manager: PathLockManager,
+    locks: CustomerLocks,
+    customer_id: int,
+    raw_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Until the manager finishes an interrupted release (here: not yet, as
+    when the database does not answer its settler), the rows left make their
+    owner's next request wait, not fail as one that waits for itself."""
+    lease = locks.lock_paths("/Shared/a")
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt  # before its DELETE went out
+
+    monkeypatch.setattr(manager._in_doubt, "settle_soon", lambda: None)
+    with monkeypatch.context() as patch:
+        patch.setattr(manager._store, "release", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lease.release()
+    assert _count(raw_engine, customer_id) == (1, 0)
+    with pytest.raises(LockTimeout):  # not DeadlockDetected
+        locks.lock_paths("/Shared/a", timeout=0.3)
+    monkeypatch.undo()
+    manager._in_doubt.settle()
+    with locks.lock_paths("/Shared/a", timeout=5):
+        pass
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
 def test_close_finishes_an_interrupted_release(
     database_url: str, customer_id: int, raw_engine: Engine
 ) -> None:
@@ -347,6 +378,43 @@ def test_close_finishes_an_interrupted_release(
     with _Interrupt(manager, after=False), pytest.raises(KeyboardInterrupt):
         lease.release()
     manager.close()
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+@pytest.mark.parametrize("call", ["lock_paths", "try_lock_paths"])
+def test_an_interrupt_after_the_grant_returned_leaves_the_owner_free_to_ask_again(
+    manager: PathLockManager,
+    locks: CustomerLocks,
+    customer_id: int,
+    raw_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    call: str,
+) -> None:
+    """A signal that arrives while the granted call counts itself out is held
+    back there and raised as the call returns: after the grant, before the
+    Lease reaches the caller. Its lease stayed registered and renewed, and
+    the same thread's next request failed as a deadlock with itself (2 of 250
+    rounds with random SIGALRMs); the caller never had the lease to release."""
+    target = manager._calls._condition
+    original = threading.Condition.__enter__
+    entered = [0]
+
+    def enter(self: threading.Condition) -> bool:
+        taken = original(self)
+        if self is target and threading.current_thread() is threading.main_thread():
+            entered[0] += 1
+            if entered[0] == 2:  # counting the call out: the grant is done
+                os.kill(os.getpid(), signal.SIGINT)  # held back until the count is down
+        return taken
+
+    monkeypatch.setattr(threading.Condition, "__enter__", enter)
+    with pytest.raises(KeyboardInterrupt):
+        getattr(locks, call)("/Shared/a")
+    monkeypatch.undo()
+    assert entered[0] >= 2
+    with locks.lock_paths("/Shared/a", timeout=5) as lease:  # not DeadlockDetected
+        lease.ensure_held()
+    assert locks.release_locks() == 0
     assert _count(raw_engine, customer_id) == (0, 0)
 
 
@@ -528,6 +596,56 @@ def test_interrupts_at_random_moments_leave_no_rows(
 ) -> None:
     done = subprocess.run(
         [sys.executable, "-c", _RANDOM_INTERRUPTS, database_url, str(customer_id), "150"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 10, "the timer should have struck often"
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+_INTERRUPTED_ROUNDS = textwrap.dedent(
+    """
+    import random, signal, sys
+    from pathlock import PathLockManager
+    url, customer, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, interrupt)
+    manager = PathLockManager(url, ttl=60)
+    locks = manager.for_customer(customer)
+    interrupted = 0
+    for n in range(rounds):
+        lease = None
+        try:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.004))
+                # Whatever an interrupt left of the last round, this owner
+                # waits for it (DeadlockDetected ends the script).
+                lease = locks.lock_paths("/x", timeout=5)
+                lease.release()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:
+            interrupted += 1
+            if lease is not None:
+                lease.release()  # an interrupted release is finished by calling it again
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    manager.close()
+    print(interrupted)
+    """
+)
+
+
+def test_an_owner_interrupted_at_random_moments_never_deadlocks_with_itself(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_ROUNDS, database_url, str(customer_id), "120"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -26,10 +26,13 @@ from pathlock import (
     CustomerLocks,
     InvalidArgument,
     Lease,
+    LeaseLost,
     LockTimeout,
     PathLockManager,
 )
 from pathlock.schema import path_locks
+
+HANG = 60.0  # seconds: only reached when something is broken
 
 
 def _rows(engine: Engine, lease: Lease) -> int:
@@ -117,6 +120,83 @@ def test_asyncio_tasks_of_one_loop_are_separate_owners(
     lease.ensure_held()
     assert _rows(raw_engine, lease) == 1
     lease.release()
+
+
+def _one_pool_thread() -> None:
+    """The running loop's default executor (``to_thread``'s, and
+    ``run_in_executor(None, ...)``'s) gets one thread: every call runs on it."""
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+
+
+def test_tasks_that_call_through_to_thread_wait_for_each_other(
+    manager: PathLockManager, locks: CustomerLocks, customer_id: int
+) -> None:
+    """``asyncio.to_thread`` runs both tasks' calls on the same pool thread,
+    in a copy of each task's context: the second task waits for the first
+    one's lease, it is no deadlock with itself."""
+
+    async def main() -> tuple[Lease, Lease]:
+        _one_pool_thread()
+        lease = await asyncio.to_thread(locks.lock_paths, "/Shared/a")
+        waiting = asyncio.create_task(
+            asyncio.to_thread(locks.lock_paths, "/Shared/a", timeout=HANG)
+        )
+        while not waiting.done() and not manager.list_waiters(customer_id):
+            await asyncio.sleep(0.01)  # until it is queued (or failed)
+        lease.release()
+        return lease, await waiting
+
+    lease, granted = asyncio.run(main())
+    assert granted.owner.key != lease.owner.key
+    granted.release()
+
+
+def test_a_task_calling_through_to_thread_releases_none_of_another_tasks_leases(
+    locks: CustomerLocks, raw_engine: Engine
+) -> None:
+    async def main() -> tuple[Lease, int]:
+        _one_pool_thread()
+        lease = await asyncio.create_task(asyncio.to_thread(locks.lock_paths, "/Shared/a"))
+        released = await asyncio.create_task(asyncio.to_thread(locks.release_locks))
+        return lease, released
+
+    lease, released = asyncio.run(main())
+    assert released == 0
+    lease.ensure_held()
+    assert _rows(raw_engine, lease) == 1
+    lease.release()
+
+
+def test_a_with_block_whose_lease_release_locks_released_raises_lease_lost(
+    locks: CustomerLocks,
+) -> None:
+    """Tasks whose calls ``loop.run_in_executor`` runs on one pool thread
+    (no context copied) are that thread's owner: the later one's
+    ``release_locks()`` releases the earlier one's lease while its ``with``
+    block runs, and the block must not end as if it had held the lock
+    throughout."""
+
+    async def hold(inside: asyncio.Event, done: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        with await loop.run_in_executor(None, locks.lock_paths, "/Shared/a") as lease:
+            inside.set()
+            await done.wait()
+            assert lease.lost
+
+    async def main() -> int:
+        _one_pool_thread()
+        inside, done = asyncio.Event(), asyncio.Event()
+        holder = asyncio.create_task(hold(inside, done))
+        await inside.wait()
+        loop = asyncio.get_running_loop()
+        released = await loop.run_in_executor(None, locks.release_locks)
+        done.set()
+        with pytest.raises(LeaseLost, match="release_locks"):
+            await holder
+        return released
+
+    assert asyncio.run(main()) == 1
+    assert locks.list_locks() == []
 
 
 def test_owner_names_are_checked_before_anything_is_written(locks: CustomerLocks) -> None:
