@@ -199,7 +199,12 @@ class PathLockManager:
       customer's conflicts stay row-lock waits on one node, and customers
       spread over the nodes. With one database it is refused.
     - ``engine_options``: extra keyword arguments for ``create_engine`` (for
-      every node).
+      every node), such as ``pool_size`` and ``max_overflow`` (default 5 and
+      10) or ``pool_recycle`` (default 3600 s on MySQL and MariaDB). Renewals
+      have a pool of their own (1 and 5); options that set the pool
+      (``pool_size``, ``max_overflow``, ``poolclass``, ``pool``) set that one
+      too. Refused with an ``Engine`` passed in. docs/DEPLOYING.md says how
+      to size the pool.
     - ``settings``: the timing of every operation, a :class:`Settings`
       (default: ``Settings()``): how long a call without a timeout may take,
       how long a try-lock may take, how soon a dead waiter stops blocking, and

@@ -30,7 +30,81 @@ _MAX_COUNT = 86_400  # whole seconds, or renewals at once
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """pathlock's timing. The fields, with their defaults:"""
+    """pathlock's timing: every field, its unit and its default. Times are in
+    seconds; each field is described in full below.
+
+    Bounds of calls:
+
+    - ``call_time`` (seconds, default 10.0): how long an operation may take
+      when its caller gives no time of its own (listings, releases, the
+      reaper's batches, renewals, a lock request without a timeout).
+    - ``grace`` (seconds, default 0.5): how long past its time an operation
+      may still spend finding out whether a COMMIT that got no reply took
+      effect.
+    - ``try_time`` (seconds, default 10.0): how long a try-lock may take, plus
+      ``grace``.
+    - ``try_patience`` (seconds, default 1.0): how long a try-lock retries
+      attempts that lose races before :class:`ContentionTimeout`.
+    - ``close_time`` (seconds, default 10.5): how long ``close()`` may spend
+      releasing what the manager holds.
+    - ``close_wait`` (seconds, default 5.0): how long ``close()`` waits for
+      calls still running in other threads.
+    - ``resolve_time`` (seconds, default 1.0): how long an interrupted request
+      spends deleting the rows it may have left before a background thread
+      takes that over.
+    - ``schema_check_time`` (seconds, default 2.0): how long the manager's
+      constructor spends checking the tables' revision.
+
+    Waiting:
+
+    - ``recheck`` (seconds, default 1.0): time between attempts of a waiting
+      request that sees no lock released (it notices locks that expired).
+    - ``hand_over_check`` (seconds, default 0.001): time between the checks
+      of the next request in line for paths a release handed to it.
+    - ``waiter_ttl`` (seconds, default 5.0): how soon a waiting request that
+      died stops blocking the requests behind it.
+
+    Retries and cluster nodes:
+
+    - ``contention_delay`` (seconds, default 0.005): the longest sleep before
+      the first retry after a lost race; each further sleep may be twice as
+      long.
+    - ``contention_delay_cap`` (seconds, default 0.1): the longest sleep
+      between retries after lost races.
+    - ``set_aside`` (seconds, default 5.0): how long a cluster node that
+      failed is passed over.
+    - ``ping_time`` (seconds, default 1.0): how long a node that let an
+      attempt time out has to answer a ping.
+    - ``shortest_ping`` (seconds, default 0.4): with less time left than this
+      for the ping, such a node is kept for the rest of the operation.
+
+    Renewals and losses:
+
+    - ``lease_margin`` (a fraction of the ttl, default 0.1): how long before
+      its expiry a lease that could not be renewed counts as lost.
+    - ``max_lease_margin`` (seconds, default 5.0): the longest such margin.
+    - ``renewal_retry`` (seconds, default 1.0): how soon renewals are tried
+      again after a round failed.
+    - ``skipped_retry`` (seconds, default 0.05): how soon a round tries again
+      the leases of a customer whose lock row another transaction held.
+    - ``stragglers`` (renewals, default 4): renewals that wait for such a
+      customer's row, at once at most.
+    - ``settle_retry`` (seconds, default 1.0): time between the background
+      attempts to delete the rows of a grant or release that was interrupted,
+      or whose COMMIT got no reply.
+
+    The database connection:
+
+    - ``socket_timeout`` (seconds, default 30.0): how long the driver waits
+      for a MySQL or MariaDB server's reply before the connection counts as
+      lost.
+    - ``lock_wait_timeout`` (whole seconds, default 10): how long the server
+      lets a statement wait for a row lock (``innodb_lock_wait_timeout``).
+    - ``sqlite_busy_timeout`` (seconds, default 10.0): how long a SQLite
+      connection waits for the file's write lock.
+    - ``clock`` (a :class:`~pathlock.clock.Clock`, default the machine's
+      clock, :class:`~pathlock.clock.SystemClock`): where the time comes from.
+    """
 
     call_time: float = 10.0
     """How long an operation may take when its caller gives no time of its

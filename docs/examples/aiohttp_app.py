@@ -2,6 +2,11 @@
 
 A cleanup context opens the manager when the application starts and closes
 it when it stops. Run it with ``python -m aiohttp.web aiohttp_app:create_app``.
+
+The manager is given no URL: it uses ``$PATHLOCK_DATABASE_URL``, else
+``database_url`` in ``/etc/pathlock.toml``, else the user's own SQLite file
+(``pathlock info`` says which), so every worker finds the same database
+whatever directory it was started from.
 """
 
 from __future__ import annotations
@@ -13,12 +18,11 @@ from aiohttp import web
 
 from pathlock import AsyncPathLockManager, LockTimeout
 
-DATABASE_URL = os.environ.get("PATHLOCK_DATABASE_URL", "sqlite:///locks.sqlite3")
 LOCKS = web.AppKey("locks", AsyncPathLockManager)
 
 
 async def pathlock_manager(app: web.Application) -> AsyncIterator[None]:
-    async with AsyncPathLockManager(DATABASE_URL, node_id=os.environ.get("NODE_ID")) as manager:
+    async with AsyncPathLockManager(node_id=os.environ.get("NODE_ID")) as manager:
         app[LOCKS] = manager
         yield
 

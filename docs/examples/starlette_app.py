@@ -4,6 +4,11 @@ The manager is created when the application starts and closed when it stops
 (the lifespan), so its connections, its renewals and the leases it still holds
 end with the application. Run it with ``uvicorn starlette_app:app``; with
 FastAPI, ``FastAPI(lifespan=lifespan)`` takes the same function.
+
+The manager is given no URL: it uses ``$PATHLOCK_DATABASE_URL``, else
+``database_url`` in ``/etc/pathlock.toml``, else the user's own SQLite file
+(``pathlock info`` says which), so every worker finds the same database
+whatever directory it was started from.
 """
 
 from __future__ import annotations
@@ -19,12 +24,10 @@ from starlette.routing import Route
 
 from pathlock import AsyncPathLockManager, LockTimeout
 
-DATABASE_URL = os.environ.get("PATHLOCK_DATABASE_URL", "sqlite:///locks.sqlite3")
-
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    async with AsyncPathLockManager(DATABASE_URL, node_id=os.environ.get("NODE_ID")) as manager:
+    async with AsyncPathLockManager(node_id=os.environ.get("NODE_ID")) as manager:
         app.state.locks = manager
         yield
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pydoc
+import re
 
 import pytest
 
@@ -20,6 +22,25 @@ def test_the_defaults_are_the_documented_bounds() -> None:
     assert settings.close_time == 10.5
     assert settings.waiter_ttl == 5.0
     assert settings.waiter_refresh == pytest.approx(5.0 / 3)
+
+
+# One entry of the Settings docstring: "- ``name`` (unit, default value): meaning".
+_ENTRY = re.compile(r"- ``(?P<name>\w+)`` \((?P<unit>[^,()]+), default (?P<default>[^()]+?)\): ")
+
+
+def test_help_lists_every_field_with_its_unit_and_default() -> None:
+    # help(Settings) shows the class docstring, not the fields' own: the
+    # docstring's list must name every field, with the default the code has.
+    shown = " ".join(pydoc.render_doc(Settings, renderer=pydoc.plaintext).split())
+    entries = {entry["name"]: entry for entry in _ENTRY.finditer(shown)}
+    fields = {field.name: field.default for field in dataclasses.fields(Settings)}
+    assert sorted(entries) == sorted(fields)
+    for name, default in fields.items():
+        listed = entries[name]["default"]
+        if isinstance(default, (int, float)):
+            assert float(listed) == default, f"{name}: listed {listed}, is {default!r}"
+        else:
+            assert type(default).__name__ in listed, f"{name}: listed {listed!r}"
 
 
 def test_integers_become_seconds() -> None:
