@@ -404,6 +404,40 @@ def test_a_second_sigterm_stops_a_wait_on_a_database_that_does_not_answer(
     assert not ran.exists()
 
 
+# How long past --timeout `pathlock lock` may take, at most (docs/CLI.md):
+# the grace to find out whether a last attempt was granted, and the close;
+# and, generously, loading the database's driver after the first line.
+LOCK_MARGIN = 1.5
+LOADING = 1.0
+
+
+@pytest.mark.parametrize("timeout", ["2", "0"])
+def test_lock_on_a_database_that_never_answers_exits_125_within_its_timeout(
+    customer_id: int, tmp_path: Path, spawn: Spawn, timeout: str
+) -> None:
+    """It used to exit 124, "the locks are busy", and only after the
+    constructor's schema check (2 s) and then the whole --timeout: a script
+    read a dead database as busy locks."""
+    ran = tmp_path / "ran"
+    with socket.socket() as listener:  # accepts connections, never speaks
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"mysql+pymysql://root@127.0.0.1:{listener.getsockname()[1]}/test"
+        running = spawn(
+            "lock", "-v", "--database-url", url, "--customer", str(customer_id),
+            "--timeout", timeout, "/a", "--", *python(TOUCH, ran),
+        )  # fmt: skip
+        # From the first line: before it, Python starts and imports pathlock.
+        running.wait_for_line("database: ")
+        opening = time.monotonic()
+        status = running.finish()
+        took = time.monotonic() - opening
+    assert status == 125, running.stderr
+    assert "the database did not answer in time" in running.stderr
+    assert took < max(float(timeout), 0.5) + LOCK_MARGIN + LOADING, running.stderr
+    assert not ran.exists()
+
+
 def test_lost_lease_stops_the_command_and_exits_122(
     database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path, spawn: Spawn
 ) -> None:
