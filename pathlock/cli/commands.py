@@ -57,10 +57,11 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 # The command line's own loggers: their messages read as sentences on stderr;
 # records of the library and of other packages carry their level.
 _OWN_LOGGERS = frozenset({__name__, "pathlock.cli.runner"})
-# What --verbose shows: pathlock's progress, each run of the reaper's
-# scheduler and each migration step, not Alembic's or APScheduler's set-up.
+# What --verbose shows: pathlock's progress (each reaper run, with what it
+# deleted) and each migration step; not Alembic's set-up, nor APScheduler's
+# account of running a job, which says nothing of what the run did.
 _MIGRATION_LOGGER = "alembic.runtime.migration"
-_VERBOSE_LOGGERS = ("pathlock", "apscheduler.executors", _MIGRATION_LOGGER)
+_VERBOSE_LOGGERS = ("pathlock", _MIGRATION_LOGGER)
 _ALEMBIC_SET_UP = ("Context impl ", "Will assume ")
 
 
