@@ -464,6 +464,33 @@ def test_lost_lease_stops_the_command_and_exits_122(
     assert _rows(raw_engine, customer_id) == []
 
 
+def test_a_lease_lost_while_pathlock_was_stopped_says_its_renewal_never_ran(
+    database_url: str, customer_id: int, tmp_path: Path, spawn: Spawn
+) -> None:
+    """A process stopped (or starved of CPU) past its lease's margin used to
+    report "not renewed for 2.7 s (database unreachable?)", the ttl less its
+    margin whatever happened, while the database was fine: the message now
+    says what was measured, that no renewal ran."""
+    seen, signalled = tmp_path / "lease", tmp_path / "signalled"
+    running = spawn(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "--ttl", "3", "--kill-grace", "0.5", "/stopped", "--", *python(SLEEPER, seen, signalled),
+    )  # fmt: skip
+    _wait_until(seen.exists, "lease seen by the command", running)
+    running.process.send_signal(signal.SIGSTOP)  # pathlock alone, not its command
+    time.sleep(5)  # past the lease's lost_at, whenever it was last renewed
+    running.process.send_signal(signal.SIGCONT)
+    assert running.finish() == 122, running.stderr
+    assert "database unreachable" not in running.stderr
+    errors = [line for line in running.lines if line.startswith("pathlock: error:")]
+    assert len(errors) == 1, running.stderr
+    assert re.search(
+        r"lost: not renewed for \d+\.\d s: its renewal, due \d+\.\d s ago, never ran: "
+        r"pathlock's heartbeat did not run in time",
+        errors[0],
+    ), running.stderr
+
+
 # -- ls --------------------------------------------------------------------------------
 
 
