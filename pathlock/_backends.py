@@ -125,25 +125,45 @@ def open_engine(
             raise ArgumentTypeError(_wrong_api(asynchronous))
         return dialects.for_name(database.dialect.name).adopt(database, settings)
     if isinstance(database, (str, URL)):
-        try:
-            url = make_url(database)
-        except (SQLAlchemyError, ValueError) as error:
-            raise InvalidArgument(f"not a database URL: {error}") from error
+        url = engine_url(database, asynchronous=asynchronous)
         dialect = dialects.for_name(url.get_backend_name())
-        if asynchronous and not (
-            dialect.async_on_threads and url.get_driver_name() not in ASYNC_DRIVERS
-        ):
-            url = dialect.async_url(url)
-        elif url.get_driver_name() in ASYNC_DRIVERS:
-            raise InvalidArgument(
-                f"{url.drivername}:// is an asyncio driver: use AsyncPathLockManager, "
-                f"or a URL of a synchronous driver with PathLockManager"
-            )
         return dialect.open_engine(url, engine_options, settings), True
     kind = type(database).__name__
     raise ArgumentTypeError(
         f"database must be a URL string, a sqlalchemy URL, an Engine or None, got {kind}"
     )
+
+
+def engine_url(database: str | URL, *, asynchronous: bool) -> URL:
+    """The URL pathlock creates the engine for ``database`` from, by the one
+    rule of both APIs: a database pathlock runs on, through one of its
+    family's :attr:`~pathlock.dialects.base.Dialect.drivers` (the asyncio API
+    reads it with the family's asyncio driver), or through an asyncio driver,
+    which serves the asyncio API only. Anything else is an
+    :class:`InvalidArgument` that says what to write, the same from either
+    API and whatever drivers happen to be installed."""
+    try:
+        url = make_url(database)
+    except (SQLAlchemyError, ValueError) as error:
+        raise InvalidArgument(f"not a database URL: {error}") from error
+    backend = url.get_backend_name()
+    dialect = dialects.for_name(backend)  # first: SQLAlchemy knows the driver of these only
+    driver = url.get_driver_name()
+    if driver in ASYNC_DRIVERS:
+        if not asynchronous:
+            raise InvalidArgument(
+                f"{url.drivername}:// is an asyncio driver: use AsyncPathLockManager, "
+                f"or a URL of a synchronous driver with PathLockManager"
+            )
+        return url
+    if dialect.drivers and driver not in dialect.drivers:
+        raise InvalidArgument(
+            f"pathlock reaches {backend} through {dialect.drivers[0]}, not {driver}: write "
+            f"{backend}+{dialect.drivers[0]}://... instead of {url.drivername}://..."
+        )
+    if asynchronous and not dialect.async_on_threads:
+        return dialect.async_url(url)
+    return url
 
 
 def _unwrapped(database: object, *, asynchronous: bool) -> object:

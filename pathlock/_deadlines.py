@@ -209,12 +209,18 @@ class _BoundedCheckout:
         self._configured_timeout = value
 
 
+# SQLAlchemy names a pool's logger after its class's module: without the
+# namespace of the pool they extend, these pools' lines ("Pool disposed")
+# would come from a logger of pathlock's, for `pathlock -v` and every
+# application that logs pathlock at INFO.
+
+
 class _BoundedQueuePool(_BoundedCheckout, QueuePool):
-    pass
+    _sqla_logger_namespace = f"{QueuePool.__module__}.{QueuePool.__name__}"
 
 
 class _BoundedAsyncAdaptedQueuePool(_BoundedCheckout, AsyncAdaptedQueuePool):
-    pass
+    _sqla_logger_namespace = f"{AsyncAdaptedQueuePool.__module__}.{AsyncAdaptedQueuePool.__name__}"
 
 
 _BOUNDED: dict[type[Pool], type[Pool]] = {

@@ -68,6 +68,7 @@ class Schedule:
     def add(self, lease: Lease) -> bool:
         """Renew ``lease`` from now on; whether it is now the earliest entry
         (the driver, asleep until a later one, must look again)."""
+        lease.renewals.scheduled = True
         self._push(lease, lease.renew_due)
         return self._heap[0][2] is lease
 
@@ -93,6 +94,7 @@ class Schedule:
                 # Renewed meanwhile (Lease.renew()): watch its new deadline.
                 self._push(lease, lease.lost_at)
             elif now >= lease.renew_due:
+                lease.renewals.wanted_at = now
                 self._pending.append(lease)
                 self._busy.add(lease)
                 # Until its round is back, it only needs watching for loss.
@@ -103,6 +105,8 @@ class Schedule:
             return lost, []
         batch, self._pending = self._pending, []
         self._in_flight = True
+        for lease in batch:
+            lease.renewals.handed_at = now
         return lost, batch
 
     def round_over(self, batch: list[Lease], failed_at: float | None) -> None:
@@ -135,7 +139,10 @@ def renew_round(
             log.warning("renewing %d lease(s) failed, retrying soon: %s", len(batch), error)
         else:
             log.exception("renewing %d lease(s) failed unexpectedly", len(batch))
-        return clock.now()
+        failed_at = clock.now()
+        for lease in batch:
+            lease.renewals.failed(failed_at, str(error))
+        return failed_at
     return None
 
 
@@ -296,16 +303,18 @@ class Stragglers:
                 log.warning("renewing %d lease(s) failed, retrying soon: %s", len(leases), error)
             else:
                 log.exception("renewing %d lease(s) failed unexpectedly", len(leases))
+            for lease in leases:
+                lease.renewals.failed(lease._clock.now(), str(error))
         finally:
             with self._lock:
                 del self._running[key]
 
 
 def declare_lost(lease: Lease) -> None:
-    lease._mark_lost(  # once: later calls (and calls on released leases) do nothing
-        f"not renewed for {lease.ttl - lease.margin:.1f} s (database unreachable?); "
-        f"it may have expired, so it counts as lost"
-    )
+    # Once: later calls (and calls on released leases) do nothing. The
+    # reason says what was measured: a stopped or starved process used to
+    # be reported as "database unreachable?".
+    lease._mark_lost(lease._unrenewed())
 
 
 class Callbacks:

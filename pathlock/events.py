@@ -268,13 +268,16 @@ class LoggingHooks(Hooks):
         )
 
     def expired_reaped(self, event: Reaped) -> None:
-        if event.locks or event.waiters:
-            self._manager.info(
-                "reaped %d expired lock rows and %d dead waiter rows in %.3f s",
-                event.locks,
-                event.waiters,
-                event.seconds,
-            )
+        # Every run, those that found nothing too: that the reaper runs at
+        # all is what its operator looks for (`pathlock reaper -v`).
+        self._manager.info(
+            "reaped %d expired lock %s and %d dead waiter %s in %.3f s",
+            event.locks,
+            "row" if event.locks == 1 else "rows",
+            event.waiters,
+            "row" if event.waiters == 1 else "rows",
+            event.seconds,
+        )
 
 
 def checked(hooks: object) -> tuple[Hooks, ...]:

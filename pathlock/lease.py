@@ -58,6 +58,66 @@ class Keeper(Protocol):
         ...
 
 
+class Renewals:
+    """What became of a lease's renewal since the lease was last renewed, as
+    measured (times of the lease clock): what its loss is explained by. The
+    heartbeat records each step; a renewal resets them.
+
+    Plain attributes, written by the heartbeat's threads and read by any:
+    whatever mix a reader sees, each fact was true when it was recorded."""
+
+    def __init__(self) -> None:
+        self.scheduled = False
+        """Whether a heartbeat renews the lease (not so with ``heartbeat=False``)."""
+        self.renewed_at = 0.0
+        """When the last renewal (or the grant) began."""
+        self.wanted_at: float | None = None
+        """When the heartbeat found a renewal due and queued it."""
+        self.handed_at: float | None = None
+        """When it handed the renewal to a round of renewals (a thread, a task)."""
+        self.sent_at: float | None = None
+        """When that round began its database call."""
+        self.failure: tuple[float, str] | None = None
+        """When and why the last renewal that ended did not renew the lease."""
+
+    def renewed(self, started: float) -> None:
+        self.renewed_at = started
+        self.wanted_at = self.handed_at = self.sent_at = self.failure = None
+
+    def failed(self, now: float, why: str) -> None:
+        self.failure = (now, why)
+        self.wanted_at = self.handed_at = self.sent_at = None
+
+    def story(self, now: float, due: float) -> str:
+        """Why the lease was not renewed by ``now`` (its renewal was ``due``):
+        the last renewal that ended without renewing it, if any, first."""
+        said = []
+        if self.failure is not None:
+            when, why = self.failure
+            said.append(f"its last renewal, {now - when:.1f} s ago, did not renew it: {why}")
+        if self.sent_at is not None:
+            said.append(
+                f"the database has not answered its renewal sent {now - self.sent_at:.1f} s ago"
+            )
+        elif self.handed_at is not None:
+            said.append(
+                f"its renewal, started {now - self.handed_at:.1f} s ago, has not reached the "
+                "database: the process did not run it in time (stopped, suspended or "
+                "starved of CPU?)"
+            )
+        elif self.wanted_at is not None:
+            said.append(
+                f"its renewal has waited {now - self.wanted_at:.1f} s for an earlier round "
+                "of renewals, which the database has not answered"
+            )
+        elif self.failure is None:
+            said.append(
+                f"its renewal, due {now - due:.1f} s ago, never ran: pathlock's heartbeat did "
+                "not run in time (the process was stopped, suspended or starved of CPU?)"
+            )
+        return "; then ".join(said)
+
+
 class Lease:
     """One granted request: a set of (path, mode) pairs held together.
 
@@ -126,6 +186,8 @@ class Lease:
         # has nothing more to do.
         self._settled = False
         self._lost_reason: str | None = None
+        self.renewals = Renewals()
+        """What became of its renewals since the last one (the heartbeat's)."""
         self._extend(attempt_started, first_term)
 
     def _extend(self, started: float, term: float | None = None) -> None:
@@ -144,6 +206,19 @@ class Lease:
         self.lost_at = self._deadline - margin
         """Time (:func:`pathlock.clock.now`) from which, unless renewed, the
         lease counts as lost."""
+        self.renewals.renewed(started)
+
+    def _unrenewed(self) -> str:
+        """Why the lease counts as lost when it was not renewed in time: what
+        was measured of its renewals, where a heartbeat renews it."""
+        now = self._clock.now()
+        if not self.renewals.scheduled:
+            return f"it was not renewed within its ttl of {self.ttl:g} s"
+        return (
+            f"not renewed for {now - self.renewals.renewed_at:.1f} s: "
+            f"{self.renewals.story(now, self.renew_due)}; it may have expired, so it counts "
+            "as lost"
+        )
 
     @property
     def released(self) -> bool:
@@ -194,7 +269,7 @@ class Lease:
         if self._released:
             return "it was released"
         if self._clock.now() >= self.lost_at:
-            return f"it was not renewed within its ttl of {self.ttl:g} s"
+            return self._unrenewed()
         return None
 
     def renew(self) -> None:

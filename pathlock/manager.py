@@ -73,6 +73,10 @@ log = logging.getLogger(__name__)
 
 CLOSED_WHILE_HELD = "the PathLockManager was closed while the lease was held"
 RELEASED_BY_OWNER = "release_locks() of its owner released it while it was held"
+_BUSY_CUSTOMER = (
+    "the database answered, but another transaction held its customer's row, and every "
+    "renewal that waits for such a row was busy"
+)
 
 
 def _several(database: object) -> bool:
@@ -999,6 +1003,9 @@ class PathLockManager:
         :class:`~pathlock._heartbeat.Stragglers`), so a client frozen in the
         middle of a grant endangers its own customer's leases only."""
         store = self._renewals if heartbeat else self._store
+        sent = self._settings.clock.now()
+        for lease in leases:
+            lease.renewals.sent_at = sent
         # One transaction per ttl and home node: with customer affinity on a
         # cluster, each customer's renewals go where its grants go.
         groups: dict[tuple[float, str], list[Lease]] = {}
@@ -1024,9 +1031,9 @@ class PathLockManager:
                         lease.renew_due = lease.lost_at
                 else:
                     for lease in waiting:
-                        lease.renew_due = self._settings.clock.now() + min(
-                            self._settings.skipped_retry, ttl / 20
-                        )
+                        now = self._settings.clock.now()
+                        lease.renewals.failed(now, _BUSY_CUSTOMER)
+                        lease.renew_due = now + min(self._settings.skipped_retry, ttl / 20)
 
     def _tell_renewed(
         self,
@@ -1047,6 +1054,8 @@ class PathLockManager:
         """Renew one customer's ``leases`` (of one ttl), waiting for its row
         until they must be presumed lost."""
         started = self._settings.clock.now()
+        for lease in leases:
+            lease.renewals.sent_at = started
         deadline = time.monotonic() + max(0.0, min(lease.lost_at for lease in leases) - started)
         held, _ = self._renewals.renew(
             _renewal_rows(leases), leases[0].ttl, wait=True, deadline=deadline

@@ -78,9 +78,10 @@ def alembic_config(
 
 def engine_for(url: Database) -> Engine:
     """An engine for migrating the database at ``url``, opened the way pathlock
-    opens its own (:class:`InvalidArgument` for a URL it cannot use,
-    :class:`BackendError` naming the URL to write for a driver that is not
-    installed), without a pool; the caller disposes it."""
+    opens its own (:class:`InvalidArgument` for a URL it cannot use, naming
+    the URL to write for a driver it does not use; :class:`BackendError`
+    for a driver that is not installed), without a pool; the caller
+    disposes it."""
     engine, _ = open_engine(url, {"poolclass": NullPool}, _MIGRATIONS)
     return engine
 

@@ -66,8 +66,9 @@ exit status:
   N    the command's own exit status (128+N if it died of signal N)
   {EXIT_LEASE_LOST}  the lease was lost while the command ran; the command was stopped
        (SIGTERM, then SIGKILL after --kill-grace seconds)
-  {EXIT_TIMEOUT}  the locks were not granted within --timeout
-  {EXIT_FAILURE}  pathlock itself failed (invalid path, database unreachable, ...)
+  {EXIT_TIMEOUT}  the locks were busy: not granted within --timeout
+  {EXIT_FAILURE}  pathlock itself failed (invalid path, database unreachable or not
+       answering within --timeout, ...)
   {EXIT_NOT_EXECUTABLE}  the command was found but could not be run
   {EXIT_NOT_FOUND}  the command was not found
   128+N  pathlock received signal N while waiting for the locks
@@ -356,6 +357,8 @@ def _add_lock(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         type=_seconds,
         metavar="S",
         help=f"give up (exit {EXIT_TIMEOUT}) if the locks are not granted within S seconds "
+        "of pathlock's start, opening the database included; exit "
+        f"{EXIT_FAILURE} if the database did not answer in that time "
         "(default: wait without limit)",
     )
     parser.add_argument(

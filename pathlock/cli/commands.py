@@ -12,6 +12,7 @@ module is the one place in pathlock that configures logging.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -45,6 +46,8 @@ from pathlock.cli.runner import LockRequest, run_locked
 from pathlock.errors import BackendError, CaseRuleMismatch, PathLockError, SchemaMismatch
 from pathlock.manager import PathLockManager
 from pathlock.schema import REASON_LENGTH, REVISION, REVISIONS, path_lock_waiters, path_locks
+from pathlock.settings import DEFAULT as DEFAULT_SETTINGS
+from pathlock.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +57,11 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 # The command line's own loggers: their messages read as sentences on stderr;
 # records of the library and of other packages carry their level.
 _OWN_LOGGERS = frozenset({__name__, "pathlock.cli.runner"})
-# What --verbose shows: pathlock's progress, each run of the reaper's
-# scheduler and each migration step, not Alembic's or APScheduler's set-up.
+# What --verbose shows: pathlock's progress (each reaper run, with what it
+# deleted) and each migration step; not Alembic's set-up, nor APScheduler's
+# account of running a job, which says nothing of what the run did.
 _MIGRATION_LOGGER = "alembic.runtime.migration"
-_VERBOSE_LOGGERS = ("pathlock", "apscheduler.executors", _MIGRATION_LOGGER)
+_VERBOSE_LOGGERS = ("pathlock", _MIGRATION_LOGGER)
 _ALEMBIC_SET_UP = ("Context impl ", "Will assume ")
 
 
@@ -111,13 +115,33 @@ def _said(urls: list[str], chosen_by: str) -> list[str]:
     return urls
 
 
-def _manager(args: argparse.Namespace) -> PathLockManager:
+def _manager(args: argparse.Namespace, settings: Settings | None = None) -> PathLockManager:
     urls = _said(*_databases(args))
     database = urls if len(urls) > 1 else urls[0]
     return PathLockManager(
         database,
         node_id=getattr(args, "node_id", None),
         case_insensitive=getattr(args, "case_insensitive", False),
+        settings=settings,
+    )
+
+
+def _bounded_by(timeout: float | None) -> Settings | None:
+    """The manager's settings for a lock whose --timeout counts from the
+    start, opening the database included: the schema check gets half of it,
+    no more than the usual 2 s, and no less than the grace a last attempt
+    has anyway (below that it would hardly ever get an answer, and the lock
+    would go ahead unchecked); close() gets no more than a second to delete
+    what an attempt that got no reply may have granted (left to expire,
+    within --ttl, otherwise)."""
+    if timeout is None:
+        return None
+    return dataclasses.replace(
+        DEFAULT_SETTINGS,
+        schema_check_time=min(
+            DEFAULT_SETTINGS.schema_check_time, max(timeout / 2, DEFAULT_SETTINGS.grace)
+        ),
+        close_time=min(DEFAULT_SETTINGS.close_time, DEFAULT_SETTINGS.resolve_time),
     )
 
 
@@ -145,6 +169,7 @@ def _default_reason(command: Sequence[str]) -> str:
 
 
 def _lock(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # --timeout counts from here
     if not args.command:
         args.usage_error("give the command to run after --")
     if not args.paths and not args.shared:
@@ -153,12 +178,13 @@ def _lock(args: argparse.Namespace) -> int:
         exclusive=args.paths,
         shared=args.shared,
         timeout=args.timeout,
+        deadline=None if args.timeout is None else started + args.timeout,
         ttl=args.ttl,
         reason=_default_reason(args.command) if args.reason is None else args.reason,
         command=args.command,
         kill_grace=args.kill_grace,
     )
-    with _manager(args) as manager:
+    with _manager(args, _bounded_by(args.timeout)) as manager:
         try:
             return run_locked(manager.for_customer(args.customer), request)
         except CaseRuleMismatch as error:

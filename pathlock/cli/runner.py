@@ -64,6 +64,9 @@ class LockRequest:
     exclusive: Sequence[str]
     shared: Sequence[str]
     timeout: float | None
+    deadline: float | None
+    """When --timeout runs out (``time.monotonic()``): it counts from
+    pathlock's start, so opening the database takes from it too."""
     ttl: float | None
     reason: str
     command: Sequence[str]
@@ -140,8 +143,7 @@ def run_locked(locks: CustomerLocks, request: LockRequest) -> int:
             )
             return EXIT_SIGNAL_BASE + signum
         except LockTimeout as error:
-            log.error("%s", error)  # noqa: TRY400 - the message is the whole story
-            return EXIT_TIMEOUT
+            return _timed_out(error, request)
         try:
             status = _run(lease, request, signals)
         finally:
@@ -153,6 +155,23 @@ def run_locked(locks: CustomerLocks, request: LockRequest) -> int:
                 log.error("%s", _lost_message(lease))
             return EXIT_LEASE_LOST
         return status
+
+
+def _timed_out(error: LockTimeout, request: LockRequest) -> int:
+    """Say why the locks were not granted in time, as the whole --timeout
+    (the request had what opening the database left of it); and exit 124
+    only when they were busy: a database that did not answer is pathlock's
+    failure, 125, as an unreachable one is, whatever it answered before."""
+    told = LockTimeout(
+        error.paths,
+        error.timeout if request.timeout is None else request.timeout,
+        error.held_by,
+        error.queued_behind,
+        error.contended,
+        error.unanswered,
+    )
+    log.error("%s", told)
+    return EXIT_FAILURE if error.unanswered else EXIT_TIMEOUT
 
 
 def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> Lease:
@@ -172,7 +191,9 @@ def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> L
         lease = locks.lock_paths(
             *request.exclusive,
             shared=request.shared,
-            timeout=request.timeout,
+            timeout=(
+                None if request.deadline is None else max(0.0, request.deadline - time.monotonic())
+            ),
             reason=request.reason,
             ttl=request.ttl,
             cancel=signals.cancel,

@@ -188,6 +188,12 @@ class Dialect:
     ``"timestamp"`` (microseconds) and ``"long_text"`` (a waiter's paths, up
     to 100,000 characters and more)."""
 
+    drivers: ClassVar[tuple[str, ...]] = ()
+    """The synchronous drivers pathlock reaches the family through, the one to
+    name first: a URL that names another one is refused, by both APIs alike
+    (the asyncio API reads these with :attr:`async_driver`), whatever
+    drivers are installed; ``()``: any."""
+
     async_driver: ClassVar[str | None] = None
     """The asyncio driver the asyncio API (:class:`AsyncPathLockManager`) uses
     for this family: a URL naming another driver is read with this one."""

@@ -178,6 +178,9 @@ class MySQL(Dialect):
     # asyncmy fetches in a round trip of its own and logs as a WARNING.
     insert_if_absent = ""
     insert_if_absent_clause = "ON DUPLICATE KEY UPDATE {key} = {key}"
+    # Only PyMySQL's connections bound every wait (deadlines.BoundedConnection)
+    # and batch statements.
+    drivers = ("pymysql",)
     async_driver = "asyncmy"
     async_drivers = frozenset({"asyncmy", "aiomysql"})
     several_nodes = True
@@ -225,7 +228,7 @@ class MySQL(Dialect):
         # every call into it for good, where a lost connection fails over to
         # the next node or is retried. The caller's connect_args win.
         timeouts: dict[str, Any] = {}
-        if url.get_driver_name() in ("pymysql", "mysqldb", ""):
+        if url.get_driver_name() == "pymysql":
             timeouts = {
                 "read_timeout": settings.socket_timeout,
                 "write_timeout": settings.socket_timeout,

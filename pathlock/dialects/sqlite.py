@@ -40,6 +40,7 @@ class SQLite(Dialect):
     token_from_reply = False
     insert_if_absent = "OR IGNORE"
     async_on_threads = True
+    drivers = ("pysqlite",)  # the standard library's sqlite3
     async_driver = "aiosqlite"
     async_drivers = frozenset({"aiosqlite"})
     # The upgrade on open is one transaction: processes that open a new file

@@ -24,6 +24,7 @@ from sqlalchemy import Engine, create_engine, func, make_url, select, text
 
 from pathlock import (
     ArgumentTypeError,
+    AsyncPathLockManager,
     BackendError,
     CustomerLocks,
     ExponentialBackoff,
@@ -254,11 +255,42 @@ def test_a_single_failure_says_attempt(customer_id: int) -> None:
         manager.for_customer(customer_id).lock_paths("/a")
 
 
-@pytest.mark.parametrize("scheme", ["mysql", "mariadb", "mysql+mysqldb"])
-def test_a_url_without_an_installed_driver_names_pymysql(scheme: str) -> None:
+def _refusal(api: type[PathLockManager | AsyncPathLockManager], url: str) -> str:
+    with pytest.raises(InvalidArgument) as refused:
+        api(url)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "scheme", ["mysql", "mariadb", "mysql+mysqldb", "mariadb+mysqlconnector", "sqlite+pysqlcipher"]
+)
+def test_both_apis_refuse_a_url_of_another_driver_alike(scheme: str, tmp_path: Path) -> None:
+    """The asyncio API used to take mysql:// (and any other MySQL driver) and
+    read it with asyncmy, where the synchronous one refused it, and only
+    because MySQLdb is not installed: one rule decides for both now, whatever
+    is installed, with one message that says what to write."""
     backend = scheme.split("+", maxsplit=1)[0]
-    with pytest.raises(BackendError, match=rf"write {backend}\+pymysql://\.\.\. instead"):
-        PathLockManager(f"{scheme}://root@127.0.0.1/test")
+    driver = "pymysql" if backend != "sqlite" else "pysqlite"
+    url = f"{scheme}://root@127.0.0.1/test" if backend != "sqlite" else f"{scheme}:///{tmp_path}/x"
+    refused = _refusal(PathLockManager, url)
+    assert refused == _refusal(AsyncPathLockManager, url)
+    assert f"write {backend}+{driver}://... instead of {scheme}://..." in refused
+
+
+@pytest.mark.parametrize("backend", ["mysql", "mariadb"])
+def test_both_apis_lock_through_a_pymysql_url(
+    mariadb_url: str, customer_id: int, backend: str
+) -> None:
+    url = make_url(mariadb_url).set(drivername=f"{backend}+pymysql")
+    with PathLockManager(url, heartbeat=False) as manager:
+        manager.for_customer(customer_id).lock_paths("/sync").release()
+
+    async def asynchronous() -> None:
+        async with AsyncPathLockManager(url, heartbeat=False) as manager:
+            lease = await manager.for_customer(customer_id).lock_paths("/async")
+            await lease.release()
+
+    asyncio.run(asynchronous())
 
 
 def test_bad_constructor_arguments() -> None:

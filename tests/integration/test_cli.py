@@ -404,6 +404,40 @@ def test_a_second_sigterm_stops_a_wait_on_a_database_that_does_not_answer(
     assert not ran.exists()
 
 
+# How long past --timeout `pathlock lock` may take, at most (docs/CLI.md):
+# the grace to find out whether a last attempt was granted, and the close;
+# and, generously, loading the database's driver after the first line.
+LOCK_MARGIN = 1.5
+LOADING = 1.0
+
+
+@pytest.mark.parametrize("timeout", ["2", "0"])
+def test_lock_on_a_database_that_never_answers_exits_125_within_its_timeout(
+    customer_id: int, tmp_path: Path, spawn: Spawn, timeout: str
+) -> None:
+    """It used to exit 124, "the locks are busy", and only after the
+    constructor's schema check (2 s) and then the whole --timeout: a script
+    read a dead database as busy locks."""
+    ran = tmp_path / "ran"
+    with socket.socket() as listener:  # accepts connections, never speaks
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"mysql+pymysql://root@127.0.0.1:{listener.getsockname()[1]}/test"
+        running = spawn(
+            "lock", "-v", "--database-url", url, "--customer", str(customer_id),
+            "--timeout", timeout, "/a", "--", *python(TOUCH, ran),
+        )  # fmt: skip
+        # From the first line: before it, Python starts and imports pathlock.
+        running.wait_for_line("database: ")
+        opening = time.monotonic()
+        status = running.finish()
+        took = time.monotonic() - opening
+    assert status == 125, running.stderr
+    assert "the database did not answer in time" in running.stderr
+    assert took < max(float(timeout), 0.5) + LOCK_MARGIN + LOADING, running.stderr
+    assert not ran.exists()
+
+
 def test_lost_lease_stops_the_command_and_exits_122(
     database_url: str, raw_engine: Engine, customer_id: int, tmp_path: Path, spawn: Spawn
 ) -> None:
@@ -428,6 +462,33 @@ def test_lost_lease_stops_the_command_and_exits_122(
     assert f"lease {lease_id} lost: its rows were gone" in errors[0]
     assert "SIGKILL in 0.5 s" in errors[0]
     assert _rows(raw_engine, customer_id) == []
+
+
+def test_a_lease_lost_while_pathlock_was_stopped_says_its_renewal_never_ran(
+    database_url: str, customer_id: int, tmp_path: Path, spawn: Spawn
+) -> None:
+    """A process stopped (or starved of CPU) past its lease's margin used to
+    report "not renewed for 2.7 s (database unreachable?)", the ttl less its
+    margin whatever happened, while the database was fine: the message now
+    says what was measured, that no renewal ran."""
+    seen, signalled = tmp_path / "lease", tmp_path / "signalled"
+    running = spawn(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "--ttl", "3", "--kill-grace", "0.5", "/stopped", "--", *python(SLEEPER, seen, signalled),
+    )  # fmt: skip
+    _wait_until(seen.exists, "lease seen by the command", running)
+    running.process.send_signal(signal.SIGSTOP)  # pathlock alone, not its command
+    time.sleep(5)  # past the lease's lost_at, whenever it was last renewed
+    running.process.send_signal(signal.SIGCONT)
+    assert running.finish() == 122, running.stderr
+    assert "database unreachable" not in running.stderr
+    errors = [line for line in running.lines if line.startswith("pathlock: error:")]
+    assert len(errors) == 1, running.stderr
+    assert re.search(
+        r"lost: not renewed for \d+\.\d s: its renewal, due \d+\.\d s ago, never ran: "
+        r"pathlock's heartbeat did not run in time",
+        errors[0],
+    ), running.stderr
 
 
 # -- ls --------------------------------------------------------------------------------
@@ -606,11 +667,30 @@ def test_reaper_reaps_until_sigterm(
     inserted(_lock_row(customer_id, "/old", manager.database_time(), -1))
     running = spawn("reaper", "--database-url", database_url, "--interval", "0.2", "-v")
     _wait_until(lambda: _rows(raw_engine, customer_id) == [], "expired row reaped", running)
-    running.wait_for_line("executed successfully")  # logged per run with -v
+    # -v says what each run deleted, nothing at times: the runs after the
+    # row went found nothing to delete.
+    running.wait_for_line("reaped 0 expired lock rows and 0 dead waiter rows in ")
     running.process.send_signal(signal.SIGTERM)
     assert running.finish() == 0, running.stderr
-    assert "SIGTERM received" in running.stderr
-    assert "error" not in running.stderr
+    assert re.search(
+        r"reaped [1-9]\d* expired lock rows? and \d+ dead waiter rows? in ", running.stderr
+    )
+    # Only pathlock's own lines: it used to pass on APScheduler's ("Running
+    # job ...", "Job ... executed successfully") and SQLAlchemy's ("Pool
+    # disposed", "Pool recreating", logged under pathlock's name).
+    expected = (
+        r"pathlock: database: .* \(from --database-url\)",
+        r"pathlock: reaping every 0.2 s until SIGTERM or SIGINT",
+        r"pathlock: info: reaped \d+ expired lock rows? and \d+ dead waiter rows? in [\d.]+ s",
+        r"pathlock: SIGTERM received: stopping",
+        r"pathlock: info: Running upgrade .*",  # a new SQLite file's migrations
+    )
+    unexpected = [
+        line
+        for line in running.stderr.splitlines()
+        if not any(re.fullmatch(pattern, line) for pattern in expected)
+    ]
+    assert unexpected == [], running.stderr
 
 
 # -- db, help, version, errors -----------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pathlock._heartbeat import Schedule
+from pathlock.lease import Renewals
 
 
 class Clock:
@@ -25,6 +26,7 @@ class FakeLease:
         self.clock = clock
         self.ttl = ttl
         self.released = False
+        self.renewals = Renewals()
         self._margin = margin
         self.renewed(clock.time)
 
