@@ -192,9 +192,7 @@ class _Steps:
                 )
             return None
         if isinstance(step, Refresh):
-            return store.refresh_waiter(
-                request.customer_id, request.lease_id, step.ticket, deadline=step.deadline
-            )
+            return self._refresh(step)
         if isinstance(step, Stop):
             if self._closed():
                 return ManagerClosed("lock paths")
@@ -202,6 +200,25 @@ class _Steps:
                 return LockCancelled(request.paths)
             return None
         raise TypeError(f"unknown step {step!r}")  # pragma: no cover - a bug
+
+    def _refresh(self, step: Refresh) -> bool:
+        """Keep the request's queue row alive, with every other queued
+        request of this process and customer (one transaction for all); or
+        nothing, where such a refresh found it alive within half a refresh
+        interval. False when its row lapsed or was deleted."""
+        watch, store = self._watch, self._store
+        settings = store.settings
+        now = settings.clock.monotonic()
+        if watch.refreshed_since(now - settings.waiter_refresh / 2):
+            # Its row lasts a waiter ttl from then: more than the request
+            # waits until its next refresh, with half a refresh to spare.
+            return True
+        tickets = watch.queued_here()
+        if step.ticket not in tickets:
+            tickets.append(step.ticket)
+        alive = store.refresh_waiters(self._request.customer_id, tickets, deadline=step.deadline)
+        watch.kept_alive(tickets, alive, now)
+        return step.ticket in alive
 
 
 def _leave(

@@ -901,16 +901,23 @@ FORGET_REQUEST = delete(path_lock_waiters).where(
     path_lock_waiters.c.customer_id == bindparam("c_id"),
     path_lock_waiters.c.lease_id == bindparam("l_id"),
 )
-# Keeps a live waiter's place; never revives a row that lapsed (others may have
-# gone ahead of it meanwhile: it queues again with a new ticket).
-REFRESH_WAITER = (
+# The queued requests of one process and customer, kept alive together (see
+# Store.refresh_waiters): by ticket, which is never handed out twice. A row
+# that lapsed is never revived (others may have gone ahead of it meanwhile:
+# its request queues again with a new ticket). Then which of them are alive.
+REFRESH_WAITERS = (
     update(path_lock_waiters)
     .where(
-        path_lock_waiters.c.ticket == bindparam("w_ticket"),
-        path_lock_waiters.c.lease_id == bindparam("l_id"),
+        path_lock_waiters.c.customer_id == bindparam("c_id"),
+        path_lock_waiters.c.ticket.in_(bindparam("w_tickets", expanding=True)),
         path_lock_waiters.c.expires_at > now(),
     )
     .values(expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)))
+)
+WAITERS_ALIVE = select(path_lock_waiters.c.ticket).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.ticket.in_(bindparam("w_tickets", expanding=True)),
+    path_lock_waiters.c.expires_at > now(),
 )
 # The requesting owner's live locks: the queue passes over waiters that wait
 # for them, and a cycle through another owner's queued request is a deadlock.

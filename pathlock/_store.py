@@ -80,7 +80,7 @@ from pathlock._statements import (
     OWNER_LOCKS,
     QUEUE_HEAD,
     QUEUE_ITEM,
-    REFRESH_WAITER,
+    REFRESH_WAITERS,
     RELEASE,
     RELEASE_BEFORE_HAND_OVER,
     RELEASE_OWNER,
@@ -88,6 +88,7 @@ from pathlock._statements import (
     SET_GRANT_UNTIL,
     TAKE_UP,
     UNBUMP,
+    WAITERS_ALIVE,
     blocker_items,
     blockers_query,
     enqueue_if_blocked,
@@ -935,24 +936,38 @@ class Store:
         connection.execute(RELEASE, {"c_id": customer_id, "l_id": lease_id})
         connection.commit()
 
-    def refresh_waiter(
-        self, customer_id: int, lease_id: str, ticket: int, *, deadline: float | None = None
-    ) -> bool:
-        """Keep a queued request alive for another ``settings.waiter_ttl``; ``False``
-        if its row lapsed or was deleted (it must queue again)."""
+    def refresh_waiters(
+        self, customer_id: int, tickets: Sequence[int], *, deadline: float | None = None
+    ) -> set[int]:
+        """Keep the queued requests ``tickets`` of ``customer_id`` (this
+        process's) alive for another ``settings.waiter_ttl``, in one
+        transaction; the tickets whose rows are alive afterwards (a row that
+        lapsed or was deleted is never revived: its request must queue
+        again). Hundreds of waiting threads of one process each kept their
+        own row alive, each with a commit of its own: more durable commits
+        than the grants they waited for."""
         parameters = {
-            "l_id": lease_id,
-            "w_ticket": ticket,
+            "c_id": customer_id,
+            "w_tickets": sorted(set(tickets)),
             "w_ttl_us": round(self.settings.waiter_ttl * 1_000_000),
         }
 
-        def attempt(connection: Connection, _number: int) -> bool:
-            refreshed = connection.execute(REFRESH_WAITER, parameters).rowcount
-            connection.commit()
-            return bool(refreshed)
+        def attempt(connection: Connection, _number: int) -> set[int]:
+            if batch.commits_in_batches(connection):
+                _, alive = batch.run(
+                    connection,
+                    [(REFRESH_WAITERS, parameters), (WAITERS_ALIVE, parameters)],
+                    commit=True,
+                )
+                rows: Sequence[Any] = alive.rows
+            else:
+                connection.execute(REFRESH_WAITERS, parameters)
+                rows = connection.execute(WAITERS_ALIVE, parameters).all()
+                connection.commit()
+            return {int(row[0]) for row in rows}
 
         return self._tx.run(
-            "keeping a queued request alive", attempt, customer_id=customer_id, deadline=deadline
+            "keeping queued requests alive", attempt, customer_id=customer_id, deadline=deadline
         )
 
     def watch(

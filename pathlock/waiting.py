@@ -259,7 +259,7 @@ class LocalWakeups:
 
 
 class _Entry:
-    __slots__ = ("behind", "tickets", "watches")
+    __slots__ = ("behind", "refreshed", "tickets", "watches")
 
     def __init__(self) -> None:
         self.watches: set[Watch] = set()
@@ -268,6 +268,9 @@ class _Entry:
         # when it leaves, without going through every watch (a process with
         # hundreds of waiters did, at every hand-over).
         self.behind: dict[int, set[Watch]] = {}
+        # Ticket -> when the last refresh of this process's queued requests
+        # that found it alive began (the wait's monotonic clock).
+        self.refreshed: dict[int, float] = {}
 
 
 class Watch:
@@ -353,11 +356,41 @@ class Watch:
         if old is None:
             return
         entry.tickets.pop(old, None)  # absent if an interrupt came before it was set
+        entry.refreshed.pop(old, None)
         # The waiters that were behind this one here may be next now. A
         # release this one was woken for and did not act on goes to them.
         for watch in list(entry.behind.get(old, ())):
             if not watch._behind(entry):
                 watch._signal(released=self._released)
+
+    def refreshed_since(self, since: float) -> bool:
+        """Whether this request's queue row was kept alive by a refresh of
+        this process's requests (:meth:`kept_alive`) that began at or after
+        ``since``."""
+        with self._wakeups._lock:
+            entry, ticket = self._entry, self._ticket
+            return (
+                entry is not None
+                and ticket is not None
+                and entry.refreshed.get(ticket, -math.inf) >= since
+            )
+
+    def queued_here(self) -> list[int]:
+        """The tickets of this process's queued requests of the customer."""
+        with self._wakeups._lock:
+            return [] if self._entry is None else list(self._entry.tickets)
+
+    def kept_alive(self, tickets: Iterable[int], alive: set[int], began: float) -> None:
+        """A refresh of ``tickets``, begun at ``began``, found ``alive`` alive."""
+        with self._wakeups._lock:
+            entry = self._entry
+            if entry is None:
+                return
+            for ticket in tickets:
+                if ticket in alive and ticket in entry.tickets:
+                    entry.refreshed[ticket] = began
+                else:
+                    entry.refreshed.pop(ticket, None)
 
     def behind(self) -> bool:
         """Whether a request found ahead of this one at its last attempt is

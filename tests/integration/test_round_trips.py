@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pathlock import DatabaseTimeout, LockTimeout, Owner, PathLockManager
+from pathlock import DatabaseTimeout, LockTimeout, Owner, PathLockManager, Settings
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock._records import GrantRequest
@@ -408,3 +408,50 @@ def test_a_waiters_checks_are_one_round_trip_each(
     # The last in line: nobody to hand over to.
     assert second_sent[-2] in (taken_up, granted, ["UPDATE", "COMMIT"]), second_sent
     assert second_sent[-1] == released, second_sent
+
+
+def test_the_waiters_of_one_process_keep_their_places_in_one_transaction(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each waiting request kept its queue row alive on its own, a durable
+    commit every third of a waiter ttl each: with hundreds of threads
+    waiting, more commits than the grants they waited for. The requests of
+    one process and customer are now kept alive together, and a request
+    whose row such a refresh kept alive moments ago sends nothing."""
+    settings = Settings(waiter_ttl=1.5)  # a refresh every half second
+    waiting = 8
+    with PathLockManager(mariadb_url, settings=settings, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_paths("/a")
+        granted: list[str] = []
+
+        def wait(number: int) -> None:
+            locks.lock_paths(f"/a/{number}", timeout=30, owner=f"w{number}").release()
+            granted.append(f"w{number}")
+
+        threads = [threading.Thread(target=wait, args=(n,)) for n in range(waiting)]
+        with sent(monkeypatch) as commands:
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 10
+            while len(manager.list_waiters(customer_id)) < waiting:
+                assert time.monotonic() < deadline, "not queued in time"
+                time.sleep(0.01)
+            time.sleep(2.0)  # four refresh intervals
+            refreshes = [
+                command
+                for command in commands
+                if command.startswith("UPDATE path_lock_waiters SET expires_at")
+            ]
+            queued = manager.list_waiters(customer_id)
+        lease.release()
+        for thread in threads:
+            thread.join(30)
+    # Every request kept its place (none queued again: same tickets, alive).
+    assert len(queued) == waiting
+    assert sorted(granted) == sorted(f"w{n}" for n in range(waiting))
+    # Refreshes of every waiting request at once, not one each: about one
+    # per refresh interval instead of one per request and interval.
+    assert refreshes
+    assert max(refresh.count(",") for refresh in refreshes) >= waiting - 1, refreshes[0]
+    assert len(refreshes) < waiting * 2, len(refreshes)
