@@ -72,6 +72,7 @@ from pathlock._statements import (
     LOCK_ITEM,
     LOCK_SENTINEL,
     LOCK_SENTINELS,
+    MAX_AHEAD,
     MAX_BLOCKERS,
     NO_TICKET,
     OWN_ROWS,
@@ -298,7 +299,9 @@ class _Picture:
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
         if any(requests_conflict(info.paths, request.paths) for info in earlier):
             ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
-        return cls(blockers, queued, tuple(ahead), owner_locks)
+        # The oldest, as many as the read of the requests in the way returns:
+        # a request behind more judges its place anew once these have left.
+        return cls(blockers, queued, tuple(ahead[:MAX_AHEAD]), owner_locks)
 
 
 class _OwnerLocks:
