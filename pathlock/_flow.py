@@ -246,6 +246,8 @@ class AcquireFlow:
         self._refresh_due = math.inf
         self._version: int | None = None
         self._next_in_line = False
+        # Until when the next in line checks every hand_over_check.
+        self._look_often_until = 0.0
         self._checked_at = 0.0  # the lease clock's time before the last check
         # The tickets of the older requests that go first, as last seen.
         self._ahead: tuple[int, ...] = ()
@@ -335,6 +337,7 @@ class AcquireFlow:
             self._refresh_due = attempt_started + self._settings.waiter_refresh
         self.ticket = ticket
         self._next_in_line = not ahead
+        self._look_often_until = self._clock.monotonic() + self._settings.hand_over_window
         self._ahead = tuple(info.ticket for info in ahead)
         return Place(ticket, self._ahead, new)
 
@@ -397,6 +400,9 @@ class AcquireFlow:
                 return (yield from self._take_up(outlook.handed, outlook.handed_for))
             if outlook.free:
                 return None
+            if outlook.next_in_line and not self._next_in_line:
+                now = clock.monotonic()
+                self._look_often_until = now + settings.hand_over_window
             self._next_in_line = outlook.next_in_line
             self._ahead = outlook.ahead
             self._held = outlook.held
@@ -404,9 +410,14 @@ class AcquireFlow:
     def _delay(self) -> float:
         """The sleep before the next check."""
         delay = self._delays.next()
-        if self._next_in_line and self._queued_for_hand_over():
+        if (
+            self._next_in_line
+            and self._queued_for_hand_over()
+            and self._clock.monotonic() < self._look_often_until
+        ):
             # A release will likely hand its paths to this request: look
-            # often, without the policy's growing gaps.
+            # often, without the policy's growing gaps, for a while (on a
+            # busy path the lock in its way is held briefly).
             delay = min(delay, self._settings.hand_over_check)
         return delay
 

@@ -61,6 +61,9 @@ class Settings:
       request that sees no lock released (it notices locks that expired).
     - ``hand_over_check`` (seconds, default 0.001): time between the checks
       of the next request in line for paths a release handed to it.
+    - ``hand_over_window`` (seconds, default 0.05): how long the next request
+      in line checks that often after it became next (or attempted); then as
+      the wait policy says.
     - ``waiter_ttl`` (seconds, default 5.0): how soon a waiting request that
       died stops blocking the requests behind it.
 
@@ -140,8 +143,16 @@ class Settings:
     """Time between the checks of the next request in line for paths a
     release handed to it (on one MySQL or MariaDB server, where releases grant
     their paths to the head of the queue): it notices within about this long,
-    at the cost of a primary-key read each time. The others in line check as
-    the wait policy says."""
+    at the cost of a primary-key read each time, for ``hand_over_window``
+    seconds after it became next (or attempted). The others in line, and the
+    next one after that, check as the wait policy says."""
+
+    hand_over_window: float = 0.05
+    """How long the next request in line checks every ``hand_over_check``
+    after it became next in line or attempted: a request behind a lock held
+    for minutes read the database a thousand times a second for minutes.
+    Afterwards it notices paths handed to it within the wait policy's gaps
+    (10 ms at most by default), which a hold that long hardly feels."""
 
     waiter_ttl: float = 5.0
     """How long a queued request's row lives without a refresh (a waiter

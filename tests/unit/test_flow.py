@@ -248,6 +248,38 @@ def _waiting_for_hand_over() -> Run:
     return run
 
 
+def test_the_next_in_line_looks_often_for_a_while_then_as_the_policy_says() -> None:
+    """Behind a lock held for minutes, the next in line read the database
+    every millisecond for minutes."""
+    run = _waiting_for_hand_over()
+    assert run.step == Sleep(
+        pytest.approx(run.settings.hand_over_check), pytest.approx(1.0 / 3 * 5)
+    )
+    run.clock.time += run.settings.hand_over_window / 2
+    run.reply(False)  # Behind
+    run.reply(False)  # ReadVersion
+    sleep = run.reply(Watched(1, looked=True, held_left=1))
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(run.settings.hand_over_check)
+    run.clock.time += run.settings.hand_over_window
+    run.reply(False)
+    run.reply(False)
+    sleep = run.reply(Watched(1, looked=True, held_left=1))
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(0.01)  # the policy's
+    # An attempt (after the recheck's judgement, say) starts the window again.
+    run.clock.time = 1000.0 + run.settings.recheck
+    run.reply(False)
+    run.reply(False)
+    assert isinstance(run.reply(Watched(1, looked=True, held_left=1)), Judge)
+    assert run.reply(Outlook(free=True, next_in_line=True)) == Stop()
+    assert isinstance(run.reply(None), Attempt)
+    run.reply(blocked(5, version=1))  # Place
+    sleep = run.reply()
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(run.settings.hand_over_check)
+
+
 def test_paths_a_release_handed_over_are_taken_up_without_an_attempt() -> None:
     run = _waiting_for_hand_over()
     run.clock.time += 0.01
