@@ -245,7 +245,11 @@ class MySQL(Dialect):
         if engine.dialect.driver == "pymysql":
             # After enable_batches' listener, which adds a connection flag.
             event.listen(engine, "do_connect", _bounded_connect)
-        event.listen(engine, "connect", _session_settings(settings.lock_wait_timeout))
+        event.listen(
+            engine,
+            "connect",
+            _session_settings(settings.lock_wait_timeout, settings.idle_transaction_timeout),
+        )
         return engine
 
     def is_transient(self, error: DBAPIError) -> bool:
@@ -359,20 +363,22 @@ def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any
         return deadlines.BoundedConnection(*cargs, **cparams)
 
 
-def _session_settings(lock_wait_timeout: int) -> Callable[[Any, object], None]:
+def _session_settings(lock_wait_timeout: int, idle: int) -> Callable[[Any, object], None]:
     """The ``connect`` listener of engines pathlock creates on MySQL/MariaDB.
 
     Causal reads only where the server is a Galera node with causality checks
     off (a value set by the operator, globally or in init_command, is kept);
-    MySQL has no such variables. The lock wait is only ever lowered. One SHOW
-    for both, and one SET if anything needs changing, once per connection:
-    nothing per operation."""
+    MySQL has no such variables. The lock wait, and on MariaDB the time a
+    transaction may sit idle (``idle``: a frozen client must not hold its
+    customer's row for hours), are only ever lowered. One SHOW for all, and
+    one SET if anything needs changing, once per connection: nothing per
+    operation."""
 
     def on_connect(dbapi_connection: Any, record: Any) -> None:
         with interrupts.let_through():  # round trips: a Ctrl-C may end them
             # Before the settings: no causal wait on a Galera node.
             session = _server_session(dbapi_connection)
-            galera = _apply_session_settings(dbapi_connection, lock_wait_timeout)
+            galera = _apply_session_settings(dbapi_connection, lock_wait_timeout, idle)
         if session is not None:
             record.info[SERVER_SESSION] = session
         if galera:
@@ -387,13 +393,13 @@ def _session_settings(lock_wait_timeout: int) -> Callable[[Any, object], None]:
     return on_connect
 
 
-def _apply_session_settings(dbapi_connection: Any, lock_wait_timeout: int) -> bool:
+def _apply_session_settings(dbapi_connection: Any, lock_wait_timeout: int, idle: int) -> bool:
     """Set up the session; whether the server is a Galera node."""
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(
-            "SHOW SESSION VARIABLES WHERE Variable_name IN "
-            "('wsrep_on', 'wsrep_sync_wait', 'innodb_lock_wait_timeout')"
+            "SHOW SESSION VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_sync_wait',"
+            " 'innodb_lock_wait_timeout', 'idle_transaction_timeout')"
         )
         values = {str(name).lower(): str(value) for name, value in cursor.fetchall()}
         settings = []
@@ -401,7 +407,11 @@ def _apply_session_settings(dbapi_connection: Any, lock_wait_timeout: int) -> bo
             settings.append(f"wsrep_sync_wait = {WSREP_SYNC_WAIT}")
         lock_wait = values.get("innodb_lock_wait_timeout", "")
         if lock_wait.isdigit() and int(lock_wait) > lock_wait_timeout:
-            settings.append(f"innodb_lock_wait_timeout = {lock_wait_timeout}")
+            settings.append(f"innodb_lock_wait_timeout = {lock_wait_timeout:d}")
+        # MariaDB only (0: no limit, the default).
+        idle_now = values.get("idle_transaction_timeout", "")
+        if idle_now.isdigit() and (int(idle_now) == 0 or int(idle_now) > idle):
+            settings.append(f"idle_transaction_timeout = {idle:d}")
         if settings:
             cursor.execute("SET SESSION " + ", ".join(settings))
     finally:
