@@ -1030,25 +1030,33 @@ LIVE_WAITER_ITEMS = _live_waiters(items(_QUEUE_COLUMNS))
 # are passed over, and may close a cycle); otherwise it reads nothing.
 LIVE_WAITER_ITEMS_IF_OWNER_HOLDS = LIVE_WAITER_ITEMS.where(_owner_holds())
 # How many of the older queued requests in a request's way one read returns:
-# the oldest, which go first. A request behind more judges its place anew
-# once these have left.
+# the youngest of them, those just ahead of it, which leave last (first come,
+# first served among conflicting requests). A request behind more judges its
+# place anew once these have left, which is once all have; and a waiter of a
+# process is behind those of them that wait in the same process (the oldest
+# ones left first, and every waiter behind them took itself for the next).
 MAX_AHEAD = 16
 
 
 @functools.lru_cache(maxsize=256)
 def queued_in_the_way(form: Shape, *, as_items: bool = True) -> Select[Any]:
-    """The oldest live queued requests older than ``:w_ticket`` that conflict
-    with a request of this :class:`Shape` (up to :data:`MAX_AHEAD`), found
-    through the index of their paths, whatever the queue's length. Each as
-    one JSON array in ``QUEUE_ITEM``'s order (see :func:`items`), or with
-    ``as_items=False`` as ``LIVE_WAITERS``' columns."""
+    """The youngest live queued requests older than ``:w_ticket`` that
+    conflict with a request of this :class:`Shape` (up to :data:`MAX_AHEAD`,
+    youngest first), found through the index of their paths, whatever the
+    queue's length. Each as one JSON array in ``QUEUE_ITEM``'s order (see
+    :func:`items`), or with ``as_items=False`` as ``LIVE_WAITERS``' columns."""
     tickets = _queued_conflicts(form, path_lock_waiter_paths.c.ticket)
     found = tickets[0] if len(tickets) == 1 else union(*tickets)
     listed = LIVE_WAITER_ITEMS if as_items else LIVE_WAITERS
-    return listed.where(
-        path_lock_waiters.c.ticket < bindparam("w_ticket", type_=BigInteger),
-        path_lock_waiters.c.ticket.in_(found),
-    ).limit(bindparam("ahead_limit", MAX_AHEAD, type_=Integer))
+    return (
+        listed.where(
+            path_lock_waiters.c.ticket < bindparam("w_ticket", type_=BigInteger),
+            path_lock_waiters.c.ticket.in_(found),
+        )
+        .order_by(None)
+        .order_by(path_lock_waiters.c.ticket.desc())
+        .limit(bindparam("ahead_limit", MAX_AHEAD, type_=Integer))
+    )
 
 
 QUEUE_HEAD = (

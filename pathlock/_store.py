@@ -266,8 +266,8 @@ class _Picture:
         owner_locks: _OwnerLocks,
         own: Sequence[Any],
     ) -> _Picture:
-        """``in_the_way``: the oldest older queued requests that conflict with
-        the request (:func:`queued_in_the_way`), or ``None`` where a request
+        """``in_the_way``: the youngest older queued requests that conflict
+        with the request (:func:`queued_in_the_way`), or ``None`` where a request
         too large to send its conflict query twice did not ask; ``queue``: the
         customer's whole live queue, read where ``in_the_way`` was not, or
         where the owner holds live locks (then the owner may pass requests
@@ -288,20 +288,24 @@ class _Picture:
             # goes first (and none can wait for the owner).
             # Read with the ticket of an earlier attempt, so a request queued
             # in the round trip of these reads finds itself: not ahead.
-            conflicting = [
-                info
-                for info in map(waiter_info, in_the_way)
-                if info.lease_id != request.lease_id and (ticket is None or info.ticket < ticket)
-            ]
+            conflicting = sorted(
+                (
+                    info
+                    for info in map(waiter_info, in_the_way)
+                    if info.lease_id != request.lease_id
+                    and (ticket is None or info.ticket < ticket)
+                ),
+                key=lambda info: info.ticket,
+            )
             return cls(blockers, conflicting, tuple(conflicting), owner_locks)
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
         if any(requests_conflict(info.paths, request.paths) for info in earlier):
             ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
-        # The oldest, as many as the read of the requests in the way returns:
-        # a request behind more judges its place anew once these have left.
-        return cls(blockers, queued, tuple(ahead[:MAX_AHEAD]), owner_locks)
+        # The youngest, as many as the read of the requests in the way
+        # returns (see MAX_AHEAD).
+        return cls(blockers, queued, tuple(ahead[-MAX_AHEAD:]), owner_locks)
 
 
 class _OwnerLocks:

@@ -105,8 +105,8 @@ class LockTimeout(PathLockError, TimeoutError):
     ``paths`` are the normalized ``(path, mode)`` pairs that were requested,
     ``held_by`` the holders that blocked the last attempt, and
     ``queued_behind`` the older queued requests it had to let go first (when
-    no lock was in the way, the queue was): the oldest 16 at most, which one
-    read of the queue returns. ``contended`` is true when the
+    no lock was in the way, the queue was): the 16 just ahead of it at most,
+    which one read of the queue returns. ``contended`` is true when the
     last attempts did not get an answer at all: they kept losing races with
     concurrent writes of the same customer (on a cluster, certification
     failures against grants through other nodes; see docs/CLUSTER.md).

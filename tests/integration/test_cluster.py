@@ -157,8 +157,8 @@ def test_a_waiter_on_a_galera_node_sends_its_commits_alone_and_little_else(
     statements = [_statements(command) for command in commands]
     assert statements[:3] == [
         ["UPDATE", "INSERT"],  # the attempt, denied
-        ["SELECT"] * 4,  # who is in the way
-        ["INSERT", "UPDATE"],  # the queue row, the version put back
+        ["SELECT"] * 5,  # who is in the way
+        ["INSERT", "INSERT", "UPDATE"],  # the queue row and its paths, the version put back
     ], commands
     assert statements[3] == ["COMMIT"], commands
     assert statements[-4:] == [

@@ -649,7 +649,7 @@ def _queued_paths(raw_engine: Engine, customer_id: int) -> list[tuple[str, str]]
     return [(str(path), str(mode)) for path, mode in rows]
 
 
-def test_a_request_behind_a_crowd_reads_the_oldest_in_its_way_only(
+def test_a_request_behind_a_crowd_reads_the_nearest_in_its_way_only(
     locks: CustomerLocks, requests: list[Request], raw_engine: Engine
 ) -> None:
     """An attempt asks the database for the older requests in its way (the
@@ -672,9 +672,9 @@ def test_a_request_behind_a_crowd_reads_the_oldest_in_its_way_only(
     late = _start(requests, Request(locks, "/crowd", timeout=0.5, name="late"))
     error = late.outcome()
     assert isinstance(error, LockTimeout)
-    # The oldest in its way, as many as one read returns.
+    # Those just ahead of it, as many as one read returns, oldest first.
     assert [info.ticket for info in error.queued_behind] == [
-        info.ticket for info in crowd[:MAX_AHEAD]
+        info.ticket for info in crowd[-MAX_AHEAD:]
     ]
     # A request beside the crowd is granted though the queue is not empty.
     beside = locks.try_lock_paths("/beside")
