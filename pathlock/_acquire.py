@@ -202,22 +202,28 @@ class _Steps:
         raise TypeError(f"unknown step {step!r}")  # pragma: no cover - a bug
 
     def _refresh(self, step: Refresh) -> bool:
-        """Keep the request's queue row alive, with every other queued
-        request of this process and customer (one transaction for all); or
-        nothing, where such a refresh found it alive within half a refresh
-        interval. False when its row lapsed or was deleted."""
+        """Keep the request's queue row alive, with the other queued
+        requests of this process and customer that are due (one transaction
+        for all); or nothing, where such a refresh, begun within half a
+        refresh interval, found it alive or is under way. False when its row
+        lapsed or was deleted."""
         watch, store = self._watch, self._store
         settings = store.settings
         now = settings.clock.monotonic()
-        if watch.refreshed_since(now - settings.waiter_refresh / 2):
-            # Its row lasts a waiter ttl from then: more than the request
-            # waits until its next refresh, with half a refresh to spare.
+        # A row kept alive from then lasts a waiter ttl (three refresh
+        # intervals): more than the request waits until its next refresh,
+        # with half a refresh to spare; and if a refresh under way fails,
+        # the next one still finds the row alive.
+        tickets = watch.to_refresh(step.ticket, now - settings.waiter_refresh / 2, now)
+        if not tickets:
             return True
-        tickets = watch.queued_here()
-        if step.ticket not in tickets:
-            tickets.append(step.ticket)
-        alive = store.refresh_waiters(self._request.customer_id, tickets, deadline=step.deadline)
-        watch.kept_alive(tickets, alive, now)
+        alive: set[int] | None = None
+        try:
+            alive = store.refresh_waiters(
+                self._request.customer_id, tickets, deadline=step.deadline
+            )
+        finally:
+            watch.kept_alive(tickets, alive, now)
         return step.ticket in alive
 
 

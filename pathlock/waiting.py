@@ -259,7 +259,7 @@ class LocalWakeups:
 
 
 class _Entry:
-    __slots__ = ("behind", "refreshed", "tickets", "watches")
+    __slots__ = ("behind", "refreshed", "refreshing", "tickets", "watches")
 
     def __init__(self) -> None:
         self.watches: set[Watch] = set()
@@ -271,6 +271,8 @@ class _Entry:
         # Ticket -> when the last refresh of this process's queued requests
         # that found it alive began (the wait's monotonic clock).
         self.refreshed: dict[int, float] = {}
+        # Ticket -> when a refresh that includes it began, while under way.
+        self.refreshing: dict[int, float] = {}
 
 
 class Watch:
@@ -357,36 +359,51 @@ class Watch:
             return
         entry.tickets.pop(old, None)  # absent if an interrupt came before it was set
         entry.refreshed.pop(old, None)
+        entry.refreshing.pop(old, None)
         # The waiters that were behind this one here may be next now. A
         # release this one was woken for and did not act on goes to them.
         for watch in list(entry.behind.get(old, ())):
             if not watch._behind(entry):
                 watch._signal(released=self._released)
 
-    def refreshed_since(self, since: float) -> bool:
-        """Whether this request's queue row was kept alive by a refresh of
-        this process's requests (:meth:`kept_alive`) that began at or after
-        ``since``."""
+    def to_refresh(self, ticket: int, since: float, now: float) -> list[int]:
+        """The queue rows that a refresh of this request's row (``ticket``)
+        keeps alive with it: this process's queued requests of the customer
+        that no refresh found alive at or after ``since`` and that no refresh
+        begun after ``since`` is keeping alive now; they count as under way
+        from ``now`` (:meth:`kept_alive` ends that). Empty when this
+        request's own row is one of those: nothing to send."""
         with self._wakeups._lock:
-            entry, ticket = self._entry, self._ticket
-            return (
-                entry is not None
-                and ticket is not None
-                and entry.refreshed.get(ticket, -math.inf) >= since
-            )
+            entry = self._entry
+            if entry is None:
+                return [ticket]
+            if (
+                entry.refreshed.get(ticket, -math.inf) >= since
+                or entry.refreshing.get(ticket, -math.inf) >= since
+            ):
+                return []
+            due = {ticket} | {
+                each
+                for each in entry.tickets
+                if entry.refreshed.get(each, -math.inf) < since
+                and entry.refreshing.get(each, -math.inf) < since
+            }
+            for each in due:
+                entry.refreshing[each] = now
+            return sorted(due)
 
-    def queued_here(self) -> list[int]:
-        """The tickets of this process's queued requests of the customer."""
-        with self._wakeups._lock:
-            return [] if self._entry is None else list(self._entry.tickets)
-
-    def kept_alive(self, tickets: Iterable[int], alive: set[int], began: float) -> None:
-        """A refresh of ``tickets``, begun at ``began``, found ``alive`` alive."""
+    def kept_alive(self, tickets: Iterable[int], alive: set[int] | None, began: float) -> None:
+        """A refresh of ``tickets``, begun at ``began``, found ``alive`` alive
+        (``None``: it failed)."""
         with self._wakeups._lock:
             entry = self._entry
             if entry is None:
                 return
             for ticket in tickets:
+                if entry.refreshing.get(ticket) == began:
+                    del entry.refreshing[ticket]
+                if alive is None:
+                    continue
                 if ticket in alive and ticket in entry.tickets:
                     entry.refreshed[ticket] = began
                 else:

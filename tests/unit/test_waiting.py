@@ -532,3 +532,28 @@ def _woken_within(watch: Watch, seconds: float) -> bool:
     started = time.monotonic()
     assert watch.wait(TIMEOUT, idle=TIMEOUT) is False
     return time.monotonic() - started < seconds
+
+
+def test_a_refresh_takes_along_the_queue_rows_of_the_process_that_are_due() -> None:
+    """The waiters of a process keep their rows alive together: a refresh
+    takes every row that is due and not already being refreshed, and a
+    request whose row such a refresh keeps alive sends nothing. 300 waiting
+    threads each sent a refresh of all 300 rows while the one before was
+    under way, and the process made no progress."""
+    wakeups = LocalWakeups()
+    with (
+        wakeups.watch(1) as first,
+        wakeups.watch(1) as second,
+        wakeups.watch(1) as third,
+    ):
+        for watch, ticket in ((first, 10), (second, 11), (third, 12)):
+            watch.queued(ticket, ())
+        assert first.to_refresh(10, since=99.0, now=100.0) == [10, 11, 12]
+        assert second.to_refresh(11, since=99.5, now=100.5) == []  # under way
+        first.kept_alive([10, 11, 12], {10, 12}, began=100.0)  # 11 lapsed
+        assert third.to_refresh(12, since=99.9, now=101.0) == []  # found alive
+        assert second.to_refresh(11, since=99.9, now=101.2) == [11]  # not found alive
+        second.kept_alive([11], None, began=101.2)  # failed: no longer under way
+        assert second.to_refresh(11, since=99.9, now=101.7) == [11]
+        # Much later: all due again, the failed one's too.
+        assert third.to_refresh(12, since=150.0, now=151.0) == [10, 11, 12]
