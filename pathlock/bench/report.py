@@ -22,7 +22,8 @@ Figures come from the benchmark suite, `pathlock bench` (also
 beside its baseline in the same run, in alternating rounds where that makes sense, and the
 ratio is what counts: these machines are shared and noisy. The suite writes this page; run it
 again to refresh it (`pathlock bench --help`; `--quick` is a smoke test whose figures mean
-nothing).
+nothing). Many requests waiting on one customer are measured by `python -m pathlock.bench.crowd`,
+beside the suite: `docs/BENCHMARKS-CROWD.md`.
 
 How the figures are taken:
 
