@@ -418,7 +418,7 @@ def test_the_waiters_of_one_process_keep_their_places_in_one_transaction(
     waiting, more commits than the grants they waited for. The requests of
     one process and customer are now kept alive together, and a request
     whose row such a refresh kept alive moments ago sends nothing."""
-    settings = Settings(waiter_ttl=1.5)  # a refresh every half second
+    settings = Settings(waiter_ttl=3.0)  # a refresh every second
     waiting = 8
     with PathLockManager(mariadb_url, settings=settings, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
@@ -437,7 +437,7 @@ def test_the_waiters_of_one_process_keep_their_places_in_one_transaction(
             while len(manager.list_waiters(customer_id)) < waiting:
                 assert time.monotonic() < deadline, "not queued in time"
                 time.sleep(0.01)
-            time.sleep(2.0)  # four refresh intervals
+            time.sleep(3.5)  # three refresh intervals and more
             refreshes = [
                 command
                 for command in commands
@@ -450,8 +450,11 @@ def test_the_waiters_of_one_process_keep_their_places_in_one_transaction(
     # Every request kept its place (none queued again: same tickets, alive).
     assert len(queued) == waiting
     assert sorted(granted) == sorted(f"w{n}" for n in range(waiting))
-    # Refreshes of every waiting request at once, not one each: about one
-    # per refresh interval instead of one per request and interval.
+    # Refreshes of the waiting requests together, not one each: about one
+    # per refresh interval instead of one per request and interval. (Each
+    # statement has two commas of its own; one more per ticket after the
+    # first. Requests queued more than half an interval apart on a loaded
+    # machine are refreshed in two groups: at least half of them at once.)
     assert refreshes
-    assert max(refresh.count(",") for refresh in refreshes) >= waiting - 1, refreshes[0]
+    assert max(refresh.count(",") for refresh in refreshes) >= 2 + waiting // 2 - 1, refreshes
     assert len(refreshes) < waiting * 2, len(refreshes)
