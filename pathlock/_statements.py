@@ -29,6 +29,7 @@ from sqlalchemy import (
     Delete,
     Insert,
     Integer,
+    Join,
     Label,
     Select,
     String,
@@ -249,23 +250,9 @@ def equal_conflicts(form: Shape, *columns: Any) -> Select[Any]:
     if form.spelled:
         statement = select(*columns).where(*_alive(), or_(*_met(form)))
     else:
-        requested = _requested(form.paths, "requested_paths")
-        prefix = _prefixes()
+        met, conflicting = _met_by_prefixes(form, path_locks)
         statement = (
-            select(*columns)
-            .select_from(
-                requested.join(prefix, prefix.c.k == requested.c.k).join(
-                    path_locks,
-                    and_(
-                        path_locks.c.customer_id == bindparam("c_id"),
-                        path_locks.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
-                    ),
-                )
-            )
-            .where(
-                path_locks.c.expires_at > now(),
-                or_(requested.c.mode == EXCLUSIVE, path_locks.c.mode == EXCLUSIVE),
-            )
+            select(*columns).select_from(met).where(path_locks.c.expires_at > now(), conflicting)
         )
     # The lookups are by values MySQL/MariaDB cost from the index statistics
     # alone (computed per row, or a list). While those are stale (a
@@ -274,6 +261,22 @@ def equal_conflicts(form: Shape, *columns: Any) -> Select[Any]:
     # (EXPLAIN, 100,000 rows), or took the expires_at index: the index is
     # the plan whatever the statistics say.
     return force_index(statement, path_locks, PATH_INDEX)
+
+
+def _met_by_prefixes(form: Shape, table: Table) -> tuple[Join, ColumnElement[bool]]:
+    """For a request that sends the lengths its paths are cut at (see
+    :func:`equal_conflicts`): its paths and prefixes joined to the customer's
+    rows of ``table`` on them, and the condition that a row's mode conflicts."""
+    requested = _requested(form.paths, "requested_paths")
+    prefix = _prefixes()
+    met = requested.join(prefix, prefix.c.k == requested.c.k).join(
+        table,
+        and_(
+            table.c.customer_id == bindparam("c_id"),
+            table.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
+        ),
+    )
+    return met, or_(requested.c.mode == EXCLUSIVE, table.c.mode == EXCLUSIVE)
 
 
 def _descendants(group: str, count: int, table: Table = path_locks) -> ColumnElement[bool]:
@@ -342,22 +345,11 @@ def _queued_conflicts(form: Shape, *columns: Any) -> list[Select[Any]]:
             .where(*alive, or_(*_met(form, paths), *_below(form.exclusive, form.shared, paths)))
         )
         return [force_index(found, paths, WAITER_PATH_INDEX)]
-    requested = _requested(form.paths, "requested_paths")
-    prefix = _prefixes()
+    met, conflicting = _met_by_prefixes(form, paths)
     equal = (
         select(*columns)
-        .select_from(
-            requested.join(prefix, prefix.c.k == requested.c.k)
-            .join(
-                paths,
-                and_(
-                    paths.c.customer_id == bindparam("c_id"),
-                    paths.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
-                ),
-            )
-            .join(waiters, waiters.c.ticket == paths.c.ticket)
-        )
-        .where(*alive, or_(requested.c.mode == EXCLUSIVE, paths.c.mode == EXCLUSIVE))
+        .select_from(met.join(waiters, waiters.c.ticket == paths.c.ticket))
+        .where(*alive, conflicting)
     )
     below = (
         select(*columns)
