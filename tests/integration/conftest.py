@@ -19,6 +19,16 @@ PRIVATE_DATABASE = "pathlock_faults"
 CLUSTER_DATABASE = "pathlock_cluster"
 
 
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose listener lets clients connect and never says a word
+    (MySQL's server speaks first: the client waits for its greeting)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield int(listener.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def private_server(
     tmp_path_factory: pytest.TempPathFactory,

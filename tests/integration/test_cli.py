@@ -376,7 +376,7 @@ def test_sigterm_while_waiting_stops_waiting_and_holds_nothing(
 
 
 def test_a_second_sigterm_stops_a_wait_on_a_database_that_does_not_answer(
-    customer_id: int, tmp_path: Path, spawn: Spawn
+    customer_id: int, tmp_path: Path, spawn: Spawn, silent_port: int
 ) -> None:
     # The first stop signal cancels the wait, which ends once the database
     # call under way returns: against a server that never answers, after the
@@ -384,21 +384,18 @@ def test_a_second_sigterm_stops_a_wait_on_a_database_that_does_not_answer(
     # the call: pathlock stops waiting, and exits without cleaning up (no
     # attempt got a connection: nothing can have been granted).
     ran = tmp_path / "ran"
-    with socket.socket() as listener:  # accepts connections, never speaks
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        url = f"mysql+pymysql://root@127.0.0.1:{listener.getsockname()[1]}/test"
-        running = spawn(
-            "lock", "-v", "--database-url", url, "--customer", str(customer_id),
-            "/a", "--", *python(TOUCH, ran),
-        )  # fmt: skip
-        running.wait_for_line("locking /a")
-        time.sleep(0.3)
-        running.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        assert running.process.poll() is None  # still in its database call
-        running.process.send_signal(signal.SIGTERM)
-        assert running.finish() == 128 + signal.SIGTERM, running.stderr
+    url = f"mysql+pymysql://root@127.0.0.1:{silent_port}/test"  # never answers
+    running = spawn(
+        "lock", "-v", "--database-url", url, "--customer", str(customer_id),
+        "/a", "--", *python(TOUCH, ran),
+    )  # fmt: skip
+    running.wait_for_line("locking /a")
+    time.sleep(0.3)
+    running.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert running.process.poll() is None  # still in its database call
+    running.process.send_signal(signal.SIGTERM)
+    assert running.finish() == 128 + signal.SIGTERM, running.stderr
     assert "nothing is held" in running.stderr
     assert "DatabaseTimeout" not in running.stderr
     assert not ran.exists()
@@ -413,25 +410,22 @@ LOADING = 1.0
 
 @pytest.mark.parametrize("timeout", ["2", "0"])
 def test_lock_on_a_database_that_never_answers_exits_125_within_its_timeout(
-    customer_id: int, tmp_path: Path, spawn: Spawn, timeout: str
+    customer_id: int, tmp_path: Path, spawn: Spawn, silent_port: int, timeout: str
 ) -> None:
     """It used to exit 124, "the locks are busy", and only after the
     constructor's schema check (2 s) and then the whole --timeout: a script
     read a dead database as busy locks."""
     ran = tmp_path / "ran"
-    with socket.socket() as listener:  # accepts connections, never speaks
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        url = f"mysql+pymysql://root@127.0.0.1:{listener.getsockname()[1]}/test"
-        running = spawn(
-            "lock", "-v", "--database-url", url, "--customer", str(customer_id),
-            "--timeout", timeout, "/a", "--", *python(TOUCH, ran),
-        )  # fmt: skip
-        # From the first line: before it, Python starts and imports pathlock.
-        running.wait_for_line("database: ")
-        opening = time.monotonic()
-        status = running.finish()
-        took = time.monotonic() - opening
+    url = f"mysql+pymysql://root@127.0.0.1:{silent_port}/test"  # never answers
+    running = spawn(
+        "lock", "-v", "--database-url", url, "--customer", str(customer_id),
+        "--timeout", timeout, "/a", "--", *python(TOUCH, ran),
+    )  # fmt: skip
+    # From the first line: before it, Python starts and imports pathlock.
+    running.wait_for_line("database: ")
+    opening = time.monotonic()
+    status = running.finish()
+    took = time.monotonic() - opening
     assert status == 125, running.stderr
     assert "the database did not answer in time" in running.stderr
     assert took < max(float(timeout), 0.5) + LOCK_MARGIN + LOADING, running.stderr

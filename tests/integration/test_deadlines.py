@@ -85,16 +85,6 @@ def _assert_database_timeout(error: BaseException | None) -> None:
 
 
 @pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port whose listener lets clients connect and never says a word
-    (MySQL's server speaks first: the client waits for its greeting)."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)
-        yield int(listener.getsockname()[1])
-
-
-@pytest.fixture
 def black_hole_port() -> Iterator[int]:
     """A port that drops every new connection attempt, as an unreachable host
     does: its listener's backlog (one connection) is full and nobody accepts,

@@ -591,11 +591,11 @@ _RANDOM_INTERRUPTS = textwrap.dedent(
 )
 
 
-def test_interrupts_at_random_moments_leave_no_rows(
-    database_url: str, customer_id: int, raw_engine: Engine
-) -> None:
+def _interrupted_often(script: str, database_url: str, customer_id: int, rounds: int) -> None:
+    """Run ``script`` (one of the random-interrupt scripts) in a process of
+    its own: it must end well, interrupted often."""
     done = subprocess.run(
-        [sys.executable, "-c", _RANDOM_INTERRUPTS, database_url, str(customer_id), "150"],
+        [sys.executable, "-c", script, database_url, str(customer_id), str(rounds)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -603,6 +603,12 @@ def test_interrupts_at_random_moments_leave_no_rows(
     )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 10, "the timer should have struck often"
+
+
+def test_interrupts_at_random_moments_leave_no_rows(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    _interrupted_often(_RANDOM_INTERRUPTS, database_url, customer_id, 150)
     assert _count(raw_engine, customer_id) == (0, 0)
 
 
@@ -644,15 +650,7 @@ _INTERRUPTED_ROUNDS = textwrap.dedent(
 def test_an_owner_interrupted_at_random_moments_never_deadlocks_with_itself(
     database_url: str, customer_id: int, raw_engine: Engine
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_ROUNDS, database_url, str(customer_id), "120"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) > 10, "the timer should have struck often"
+    _interrupted_often(_INTERRUPTED_ROUNDS, database_url, customer_id, 120)
     assert _count(raw_engine, customer_id) == (0, 0)
 
 
