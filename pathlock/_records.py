@@ -175,6 +175,26 @@ def grant_parameters(request: GrantRequest) -> dict[str, Any]:
     return parameters
 
 
+def lean_parameters(request: GrantRequest) -> dict[str, Any]:
+    """The parameters of a grant without searches (``LEAN_CLAIM`` and
+    ``lean_grant``): the request's rows, without the conflict query's."""
+    parameters: dict[str, Any] = {
+        "c_id": request.customer_id,
+        "l_id": request.lease_id,
+        "o_node": request.owner.node_id,
+        "o_pid": request.owner.pid,
+        "o_thread": request.owner.thread,
+        "o_key": request.owner.key,
+        "why": request.reason,
+        "ttl_us": round(request.ttl * 1_000_000),
+        "rows": len(request.paths),
+    }
+    for n, (path, mode) in enumerate(request.paths):
+        parameters[f"rq_path_{n}"] = path
+        parameters[f"rq_mode_{n}"] = mode
+    return parameters
+
+
 def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any]:
     # Only these keys: an INSERT takes any extra key named like a column as
     # that column's value.

@@ -58,7 +58,15 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
-from pathlock.dialects import Fenced, Now, NowPlus, force_index, insert_if_absent
+from pathlock.dialects import (
+    Changed,
+    Fenced,
+    InsertedId,
+    Now,
+    NowPlus,
+    force_index,
+    insert_if_absent,
+)
 from pathlock.paths import ancestors, descendants_range, prefix_lengths
 from pathlock.schema import customer_locks, path_lock_waiter_paths, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
@@ -608,10 +616,25 @@ def grant_statement(
 
 
 # The fixed statements, built once.
+
+
+def _moved(by: int, *, fenced: bool = True) -> dict[str, Any]:
+    """The SET clause of a sentinel write that moves the version by ``by``:
+    the counts' version moves with it (see ``customer_locks`` in
+    :mod:`pathlock.schema`), so counts that were exact stay trusted and
+    counts that were not stay untrusted. ``fenced``: the new version comes
+    back in the reply (the fencing token)."""
+    version = customer_locks.c.version + by
+    return {
+        "version": Fenced(version) if fenced else version,
+        "counted_version": customer_locks.c.counted_version + by,
+    }
+
+
 BUMP = (
     update(customer_locks)
     .where(customer_locks.c.customer_id == bindparam("c_id"))
-    .values(version=Fenced(customer_locks.c.version + 1))
+    .values(**_moved(1))
 )
 # BUMP for a grant: it also records the customer's case rule, and writes nothing
 # (no row) when the customer's first grant recorded the other one.
@@ -628,7 +651,7 @@ def _case_rule_holds() -> ColumnElement[bool]:
 CLAIM = (
     update(customer_locks)
     .where(customer_locks.c.customer_id == bindparam("c_id"), _case_rule_holds())
-    .values(version=Fenced(customer_locks.c.version + 1), case_insensitive=_CASE)
+    .values(**_moved(1), case_insensitive=_CASE)
 )
 # A grant in one round trip, its COMMIT included (pathlock._batch): the
 # sentinel row locked but not written (LOCK_SENTINEL: an UPDATE that changes
@@ -664,7 +687,47 @@ SET_GRANT_UNTIL = text(
     "SET @pathlock_grant_until = TIMESTAMPADD(MICROSECOND, :until_us, UTC_TIMESTAMP(6))"
 )
 _GRANT_UNTIL: ColumnElement[Any] = literal_column("@pathlock_grant_until")
-CLAIM_IF_GRANTED = CLAIM.where(_GRANTED)
+
+
+def _rows_granted() -> Any:
+    """How many rows the grant just before inserted for the lease ``:l_id``:
+    its rows whose token is the version plus one (see
+    :func:`grant_statement`), read from the table, not from ROW_COUNT(). A
+    server that could not send a statement's reply (its client hung up)
+    answers ROW_COUNT() with -1 to the next one, yet runs the rest of the
+    batch, its COMMIT included: a write conditioned on ROW_COUNT() would then
+    be skipped while the grant's rows commit (the tokens of a later grant
+    would repeat, and the rows would go uncounted)."""
+    return (
+        select(func.count())
+        .select_from(path_locks)
+        .where(
+            path_locks.c.customer_id == bindparam("c_id"),
+            path_locks.c.lease_id == bindparam("l_id", type_=String),
+            path_locks.c.fencing_token == customer_locks.c.version + 1,
+        )
+        .scalar_subquery()
+    )
+
+
+# The sentinel written only if the grant before it inserted, and its rows
+# counted. The count is assigned first: MySQL's UPDATE assigns left to right,
+# each assignment seeing those before it, and it must see the version as the
+# grant saw it.
+CLAIM_IF_GRANTED = (
+    update(customer_locks)
+    .where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        _case_rule_holds(),
+        _rows_granted() > literal_column("0"),
+    )
+    .ordered_values(
+        (customer_locks.c.lock_rows, customer_locks.c.lock_rows + _rows_granted()),
+        (customer_locks.c.counted_version, customer_locks.c.counted_version + 1),
+        (customer_locks.c.version, Fenced(customer_locks.c.version + 1)),
+        (customer_locks.c.case_insensitive, _CASE),
+    )
+)
 CASE_RULE = select(customer_locks.c.case_insensitive).where(
     customer_locks.c.customer_id == bindparam("c_id")
 )
@@ -681,9 +744,160 @@ BUMP_UNLESS_HANDED = BUMP.where(func.row_count() == literal_column("0"))
 UNBUMP = (
     update(customer_locks)
     .where(customer_locks.c.customer_id == bindparam("c_id"))
-    .values(version=customer_locks.c.version - 1)
+    .values(**_moved(-1, fenced=False))
 )
+
+
+def _counted(column: Column[Any], sign: int, *, fenced: bool = False) -> Any:
+    """A sentinel write that adds (``sign`` 1) or takes away (-1) the rows
+    the statement just before it inserted or deleted (``Changed()``: that
+    statement's row count, on the same connection and in the same
+    transaction) to the customer's ``column`` count; it matches no row when
+    that statement changed none, so its own row count says the same as the
+    statement's (0 or not) to a statement after it."""
+    changed = Changed()
+    value = column + changed if sign > 0 else column - changed
+    if fenced:
+        # LAST_INSERT_ID() takes no value below zero (a count left too low
+        # by a pathlock without the counts): such a count comes back as 0.
+        value = case((value >= literal_column("0"), Fenced(value)), else_=value)
+    return (
+        update(customer_locks)
+        .where(customer_locks.c.customer_id == bindparam("c_id"), changed > literal_column("0"))
+        .values({column: value})
+    )
+
+
+# Every statement that inserts or deletes rows of path_locks or
+# path_lock_waiters is followed by one of these in its transaction (or, for a
+# grant's rows, by CLAIM_IF_GRANTED; for a queue row, by WAITER_QUEUED), so the
+# sentinel's counts stay exact. A waiter's path rows go with its queue row and
+# are not counted. Where the client hung up in the middle of a batch,
+# ROW_COUNT() answers -1 (see _rows_granted): these then skip a count that
+# goes down (a count too high: harmless), and nothing that goes up relies on
+# them in a batch that carries its COMMIT.
+LOCKS_ADDED = _counted(customer_locks.c.lock_rows, 1)
+LOCKS_REMOVED = _counted(customer_locks.c.lock_rows, -1)
+WAITERS_ADDED = _counted(customer_locks.c.waiter_rows, 1)
+# The queue row the statement before inserted for the lease ``:l_id`` (its
+# ticket is the id it generated, which the server keeps whatever became of
+# the reply), counted.
+WAITER_QUEUED = (
+    update(customer_locks)
+    .where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        exists().where(
+            path_lock_waiters.c.ticket == InsertedId(),
+            path_lock_waiters.c.customer_id == bindparam("c_id"),
+            path_lock_waiters.c.lease_id == bindparam("l_id", type_=String),
+        ),
+    )
+    .values(waiter_rows=customer_locks.c.waiter_rows + 1)
+)
+WAITERS_REMOVED = _counted(customer_locks.c.waiter_rows, -1)
+# LOCKS_REMOVED whose reply carries the count left (MySQL, MariaDB).
+LOCKS_REMOVED_LEFT = _counted(customer_locks.c.lock_rows, -1, fenced=True)
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
+
+
+# -- the grant without searches (MySQL, MariaDB) -----------------------------
+# A customer with no lock row and no queue row (its counts say so, and are
+# trusted: see customer_locks in pathlock.schema) is granted without the
+# conflict and queue searches: in one round trip, LEAN_CLAIM writes the
+# sentinel (and counts the rows) only if the customer has none, and
+# lean_grant(n) inserts the rows only if it did (ROW_COUNT()). The WHERE of an
+# UPDATE is judged on the row's newest version once its lock is granted, so a
+# grant that waited for another one's commit sees that one's rows counted.
+# Until when the client waits, in the server's time: SYSDATE(6) is read when
+# the row is judged, after any wait for its lock, and NOW(6) when the
+# statement began (both in the session's time zone).
+_WAITED_IN_TIME = literal_column("SYSDATE(6)") < func.timestampadd(
+    literal_column("MICROSECOND"),
+    bindparam("until_us", type_=BigInteger),
+    literal_column("NOW(6)"),
+)
+LEAN_CLAIM = (
+    update(customer_locks)
+    .where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        customer_locks.c.lock_rows == literal_column("0"),
+        customer_locks.c.waiter_rows == literal_column("0"),
+        customer_locks.c.counted_version == customer_locks.c.version,
+        _case_rule_holds(),
+        _WAITED_IN_TIME,
+    )
+    .values(
+        **_moved(1),
+        case_insensitive=_CASE,
+        lock_rows=bindparam("rows", type_=BigInteger),
+    )
+)
+
+
+@functools.lru_cache(maxsize=64)
+def lean_grant(count: int) -> Insert:
+    """The rows of a request of ``count`` paths, inserted only if the
+    statement before (:data:`LEAN_CLAIM`) wrote the sentinel; the fencing
+    token is the version it wrote (``LAST_INSERT_ID()``)."""
+    if count == 1:
+        source: Any = None
+        path: Any = bindparam("rq_path_0", type_=String)
+        mode: Any = bindparam("rq_mode_0", type_=String)
+    else:
+        requested = _requested(count, "requested")
+        source, path, mode = requested, requested.c.path, requested.c.mode
+    values = select(
+        bindparam("c_id", type_=BigInteger),
+        bindparam("l_id", type_=String),
+        path,
+        mode,
+        bindparam("o_node", type_=String),
+        bindparam("o_pid", type_=Integer),
+        bindparam("o_thread", type_=String),
+        bindparam("o_key", type_=String),
+        bindparam("why", type_=String),
+        func.last_insert_id(),
+        now(),
+        now_plus(bindparam("ttl_us", type_=BigInteger)),
+    ).where(Changed() > literal_column("0"))
+    if source is not None:
+        values = values.select_from(source)
+    columns = [
+        "customer_id",
+        "lease_id",
+        "path",
+        "mode",
+        "node_id",
+        "pid",
+        "thread",
+        "owner_key",
+        "reason",
+        "fencing_token",
+        "created_at",
+        "expires_at",
+    ]
+    return insert(path_locks).from_select(columns, values)
+
+
+# A release without a read of the queue, for a customer not seen with one: the
+# rows deleted (RELEASE) and counted (LOCKS_REMOVED_LEFT: the count left comes
+# back as the id LAST_INSERT_ID() was given), then the version read
+# (as the id LAST_INSERT_ID() was given), but only where requests may be
+# queued (their count is not zero, or not trusted): its row count says whether
+# the release must read the queue to hand its paths over.
+READ_IF_QUEUED = (
+    update(customer_locks)
+    .where(
+        customer_locks.c.customer_id == bindparam("c_id"),
+        or_(
+            customer_locks.c.waiter_rows != literal_column("0"),
+            customer_locks.c.waiter_rows.is_(None),
+            customer_locks.c.counted_version.is_(None),
+            customer_locks.c.counted_version != customer_locks.c.version,
+        ),
+    )
+    .values(version=func.last_insert_id(customer_locks.c.version))
+)
 
 
 def _own_live_rows() -> list[ColumnElement[bool]]:
@@ -713,7 +927,25 @@ TAKE_UP = (
     .values(expires_at=now_plus(bindparam("ttl_us", type_=BigInteger)))
 )
 # If absent: a concurrent first use may insert the row too.
-CREATE_SENTINEL = insert_if_absent(customer_locks).values(customer_id=bindparam("c_id"), version=0)
+# Counted as it is made: a customer's rows outlive its sentinel row when an
+# operator deletes that by hand, and no grant inserts rows without one (a
+# release that deletes rows meanwhile leaves the count too high: harmless).
+CREATE_SENTINEL = insert_if_absent(customer_locks).from_select(
+    ["customer_id", "version", "lock_rows", "waiter_rows", "counted_version"],
+    select(
+        bindparam("c_id", type_=BigInteger),
+        literal_column("0", BigInteger),
+        select(func.count())
+        .select_from(path_locks)
+        .where(path_locks.c.customer_id == bindparam("c_id"))
+        .scalar_subquery(),
+        select(func.count())
+        .select_from(path_lock_waiters)
+        .where(path_lock_waiters.c.customer_id == bindparam("c_id"))
+        .scalar_subquery(),
+        literal_column("0", BigInteger),
+    ),
+)
 RELEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
     path_locks.c.lease_id == bindparam("l_id"),
@@ -737,7 +969,7 @@ RELEASE_OWNER = delete(path_locks).where(
 LOCK_SENTINELS = (
     update(customer_locks)
     .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
-    .values(version=customer_locks.c.version + 1)
+    .values(**_moved(1, fenced=False))
 )
 # The heartbeat's first statement on servers that can skip locked rows: it
 # locks the sentinels that are free and passes over those another transaction
@@ -953,27 +1185,80 @@ RELEASE_NODE_WAITERS = delete(path_lock_waiters).where(
 
 
 def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Delete]:
-    """The reaper's two statements for ``table``: pick the ids of up to
-    ``batch`` rows that expired by ``cutoff`` (the database's time when the run
-    began, so a run ends even while rows keep expiring), oldest expiry first
-    along the expires_at index; then delete those ids. Renewal never extends an
-    expired row, so a picked row stays expired; the DELETE still checks, so it
-    is correct on its own. Several reapers at once are harmless: the later one
-    deletes nothing."""
+    """The reaper's two statements for ``table``: pick the ids (and their
+    customers) of up to ``batch`` rows that expired by ``cutoff`` (the
+    database's time when the run began, so a run ends even while rows keep
+    expiring), oldest expiry first along the expires_at index; then delete
+    one customer's picked ids (followed by the count's statement, under the
+    customer's sentinel row). Renewal never extends an expired row, so a
+    picked row stays expired; the DELETE still checks, so it is correct on
+    its own. Several reapers at once are harmless: the later one deletes
+    nothing."""
     pick = (
-        select(key)
+        select(key, table.c.customer_id)
         .where(table.c.expires_at <= bindparam("cutoff", type_=DateTime()))
         .order_by(table.c.expires_at)
         .limit(bindparam("batch", type_=Integer))
     )
     remove = delete(table).where(
-        key.in_(bindparam("ids", expanding=True)), table.c.expires_at <= now()
+        table.c.customer_id == bindparam("c_id"),
+        key.in_(bindparam("ids", expanding=True)),
+        table.c.expires_at <= now(),
     )
     return pick, remove
 
 
 REAP_LOCKS = expired_batch(path_locks, path_locks.c.id)
 REAP_WAITERS = expired_batch(path_lock_waiters, path_lock_waiters.c.ticket)
+# The sentinel rows of customers whose rows the reaper deletes or counts,
+# locked in key order (as renewal locks them) before their rows, as every
+# release does; the version stays: nothing becomes free that was not already.
+HOLD_SENTINELS = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
+    .values(version=customer_locks.c.version)
+)
+# Customers whose counts are not to be trusted (see customer_locks in
+# pathlock.schema): never counted, counts left behind by a write of a
+# pathlock without them, or counts below zero (rows such a pathlock queued,
+# deleted by this one). By customer id, from ``after``.
+UNCOUNTED = (
+    select(customer_locks.c.customer_id)
+    .where(
+        customer_locks.c.customer_id > bindparam("after", type_=BigInteger),
+        or_(
+            customer_locks.c.counted_version.is_(None),
+            customer_locks.c.counted_version != customer_locks.c.version,
+            customer_locks.c.lock_rows < 0,
+            customer_locks.c.waiter_rows < 0,
+        ),
+    )
+    .order_by(customer_locks.c.customer_id)
+    .limit(bindparam("batch", type_=Integer))
+)
+
+
+def _rows_of(table: Table) -> Any:
+    return (
+        select(func.count())
+        .select_from(table)
+        .where(table.c.customer_id == customer_locks.c.customer_id)
+        .scalar_subquery()
+    )
+
+
+# Their rows counted afresh, under their sentinel rows (HOLD_SENTINELS in a
+# statement before: this one's reads then see every row committed before the
+# locks were taken, and nothing can be inserted until the commit).
+RECOUNT = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
+    .values(
+        lock_rows=_rows_of(path_locks),
+        waiter_rows=_rows_of(path_lock_waiters),
+        counted_version=customer_locks.c.version,
+    )
+)
 
 WAITER_COLUMNS = (
     path_lock_waiters.c.customer_id,

@@ -45,6 +45,7 @@ from pathlock._records import (
     Watched,
     grant_parameters,
     item_row,
+    lean_parameters,
     lock_info,
     values_row,
     waiter_info,
@@ -64,6 +65,7 @@ from pathlock._statements import (
     FORGET_REQUEST,
     HAND_OVER_WAITERS,
     HELD,
+    LEAN_CLAIM,
     LEASE_ALIVE,
     LIVE_WAITER_ITEMS,
     LIVE_WAITER_ITEMS_IF_OWNER_HOLDS,
@@ -72,6 +74,9 @@ from pathlock._statements import (
     LOCK_ITEM,
     LOCK_SENTINEL,
     LOCK_SENTINELS,
+    LOCKS_ADDED,
+    LOCKS_REMOVED,
+    LOCKS_REMOVED_LEFT,
     MAX_AHEAD,
     MAX_BLOCKERS,
     NO_TICKET,
@@ -81,6 +86,7 @@ from pathlock._statements import (
     OWNER_LOCKS,
     QUEUE_HEAD,
     QUEUE_ITEM,
+    READ_IF_QUEUED,
     REFRESH_WAITERS,
     RELEASE,
     RELEASE_BEFORE_HAND_OVER,
@@ -89,17 +95,20 @@ from pathlock._statements import (
     SET_GRANT_UNTIL,
     TAKE_UP,
     UNBUMP,
+    WAITER_QUEUED,
     WAITERS_ALIVE,
+    WAITERS_REMOVED,
     blocker_items,
     blockers_query,
     enqueue_if_blocked,
     enqueue_paths,
     grant_statement,
+    lean_grant,
     queued_in_the_way,
     shape,
     watch_statement,
 )
-from pathlock._transactions import Transactions
+from pathlock._transactions import Transactions, delete_counted
 from pathlock.errors import BackendError, PathLockError
 from pathlock.paths import normalize
 from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
@@ -112,6 +121,11 @@ attempt queued) counts as having one: a new request of it skips the grant in
 one round trip, which requires an empty queue, and goes straight to the
 attempt that says who is in the way."""
 _QUEUED_KEPT = 4096  # customers remembered at most
+
+BUSY_FOR = 2.0
+"""Seconds for which a customer whose grant without searches was refused (it
+had rows: see ``LEAN_CLAIM`` in :mod:`pathlock._statements`) is granted the
+searching way: a refusal costs a round trip."""
 
 
 class _Heir(NamedTuple):
@@ -431,6 +445,9 @@ class Store:
         self.home = transactions.home
         # Customer id -> monotonic time it was last seen with a queue.
         self._queued: dict[int, float] = {}
+        # Customer id -> monotonic time it was last refused a grant without
+        # searches.
+        self._busy: dict[int, float] = {}
         # Lease id -> the request next in line when a release handed the
         # lease its paths (None: nobody was), the one its own release hands
         # them to.
@@ -452,6 +469,18 @@ class Store:
     def _likely_queued(self, customer_id: int) -> bool:
         seen = self._queued.get(customer_id)
         return seen is not None and time.monotonic() - seen < QUEUED_FOR
+
+    def _likely_idle(self, customer_id: int) -> bool:
+        """Whether a grant without searches is worth its round trip."""
+        seen = self._busy.get(customer_id) if self._busy else None
+        return (seen is None or time.monotonic() - seen >= BUSY_FOR) and not self._likely_queued(
+            customer_id
+        )
+
+    def _seen_busy(self, customer_id: int) -> None:
+        if len(self._busy) >= _QUEUED_KEPT:
+            self._busy.clear()
+        self._busy[customer_id] = time.monotonic()
 
     def tables_missing(self, error: BackendError) -> bool:
         """Whether ``error`` says pathlock's tables are missing."""
@@ -475,6 +504,8 @@ class Store:
             batch.prepare(CLAIM, dialect)
             batch.prepare(grant_statement(form, queued=True), dialect)
             if batch.may_commit(dialect):
+                batch.prepare(LEAN_CLAIM, dialect)
+                batch.prepare(lean_grant(len(request.paths)), dialect)
                 for fresh in (True, False):
                     statement = grant_statement(form, queued=True, sentinel_after=True, fresh=fresh)
                     batch.prepare(statement, dialect)
@@ -506,40 +537,7 @@ class Store:
 
         def attempt(connection: Connection, number: int) -> Granted | Blocked | Deadlocked:
             if number == 1 and self.dialect.can_batch(connection):
-                denied = False
-                if batch.commits_in_batches(connection):
-                    if (
-                        queue
-                        and first
-                        and (
-                            self._handed_on_lately(request)
-                            or self._likely_queued(request.customer_id)
-                        )
-                    ):
-                        # Likely blocked by the lease this manager has just
-                        # handed the paths to, or by a request queued before
-                        # it: queued in the same round trip.
-                        outcome = self._queue_in_one(connection, request)
-                        if outcome is not None:
-                            return outcome
-                    # With a queue (seen moments ago), the grant in one round
-                    # trip is denied: it requires an empty one.
-                    elif ticket is not None or not self._likely_queued(request.customer_id):
-                        granted = self._grant_in_one(connection, request, ticket, first=first)
-                        if granted is not None:
-                            return granted
-                    # Denied, or the sentinel row is missing, or the case
-                    # rules differ: nothing was written, the transaction is
-                    # over. The attempt below says who is in the way, and
-                    # queues.
-                    denied = True
-                elif ticket is None and self._likely_queued(request.customer_id):
-                    # Where COMMITs go alone (a Galera node): with a queue
-                    # seen moments ago, the first attempt is likely denied;
-                    # the reads that say who is in the way go in its round
-                    # trip.
-                    denied = True
-                outcome = self._grant_batched(connection, request, ticket, queue, denied=denied)
+                outcome = self._first_batched(connection, request, ticket, queue=queue, first=first)
                 if outcome is not None:
                     return outcome
             token = self._tx.bump(connection, request.customer_id, grant=True)
@@ -557,7 +555,7 @@ class Store:
                 # not behind requests queued since (it held its paths while
                 # they queued), with a token of its own.
                 parameters = {"c_id": request.customer_id, "l_id": request.lease_id}
-                landed = connection.execute(RELEASE, parameters).rowcount
+                landed = delete_counted(connection, RELEASE, parameters, LOCKS_REMOVED)
                 if known is None:
                     known = connection.execute(ENQUEUED, parameters).scalar()
                 if landed:
@@ -571,6 +569,78 @@ class Store:
             deadline=deadline,
             patience=patience,
         )
+
+    def _first_batched(
+        self,
+        connection: Connection,
+        request: GrantRequest,
+        ticket: int | None,
+        *,
+        queue: bool,
+        first: bool,
+    ) -> Granted | Blocked | Deadlocked | None:
+        """An attempt's first transaction where statements travel in batches:
+        the grant without searches, in one round trip, or with them, or the
+        request queued with it; ``None`` where none of these could decide
+        (nothing was written, and the transaction is over): the caller
+        attempts the usual way."""
+        denied = False
+        if batch.commits_in_batches(connection):
+            if (
+                queue
+                and first
+                and (self._handed_on_lately(request) or self._likely_queued(request.customer_id))
+            ):
+                # Likely blocked by the lease this manager has just
+                # handed the paths to, or by a request queued before
+                # it: queued in the same round trip.
+                outcome = self._queue_in_one(connection, request)
+                if outcome is not None:
+                    return outcome
+            # With a queue (seen moments ago), the grant in one round
+            # trip is denied: it requires an empty one.
+            elif ticket is not None or not self._likely_queued(request.customer_id):
+                if ticket is None and first and self._likely_idle(request.customer_id):
+                    granted = self._grant_lean(connection, request)
+                    if granted is not None:
+                        return granted
+                granted = self._grant_in_one(connection, request, ticket, first=first)
+                if granted is not None:
+                    return granted
+            # Denied, or the sentinel row is missing, or the case
+            # rules differ: nothing was written, the transaction is
+            # over. The attempt below says who is in the way, and
+            # queues.
+            denied = True
+        elif ticket is None and self._likely_queued(request.customer_id):
+            # Where COMMITs go alone (a Galera node): with a queue
+            # seen moments ago, the first attempt is likely denied;
+            # the reads that say who is in the way go in its round
+            # trip.
+            denied = True
+        return self._grant_batched(connection, request, ticket, queue, denied=denied)
+
+    def _grant_lean(self, connection: Connection, request: GrantRequest) -> Granted | None:
+        """A request's first attempt, granted without the conflict and queue
+        searches where the customer has no lock or queue row at all (its
+        counts say so: see ``LEAN_CLAIM`` in :mod:`pathlock._statements`): in
+        one round trip, its COMMIT included. ``None`` if the customer has
+        rows (or untrusted counts, or no sentinel row yet, or the other case
+        rule): nothing was written, and the transaction is over; the caller
+        searches, and this manager does not try this way for the customer
+        for a while (:data:`BUSY_FOR`)."""
+        parameters = lean_parameters(request)
+        parameters.update(self._tx.claim_parameters(request.customer_id))
+        parameters.update(self._until())
+        claimed, granted = batch.run(
+            connection,
+            [(LEAN_CLAIM, parameters), (lean_grant(len(request.paths)), parameters)],
+            commit=True,
+        )
+        if not claimed.rowcount:
+            self._seen_busy(request.customer_id)
+            return None
+        return self._granted_in_one(request, granted, claimed)
 
     def _grant_in_one(
         self, connection: Connection, request: GrantRequest, ticket: int | None, *, first: bool
@@ -593,15 +663,11 @@ class Store:
                 ),
                 parameters,
             ),
-            (CLAIM_IF_GRANTED, self._tx.claim_parameters(customer)),
+            (CLAIM_IF_GRANTED, parameters),
         ]
         if ticket is not None:
-            steps.append(
-                (
-                    DEQUEUE_IF_GRANTED,
-                    {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket},
-                )
-            )
+            dequeue = {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket}
+            steps += [(DEQUEUE_IF_GRANTED, dequeue), (WAITERS_REMOVED, dequeue)]
         _until, _locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
         if granted.rowcount == 0:
             return None
@@ -651,12 +717,13 @@ class Store:
                 grant_statement(form, queued=True, sentinel_after=True, fresh=True),
                 parameters,
             ),
-            (CLAIM_IF_GRANTED, self._tx.claim_parameters(customer)),
+            (CLAIM_IF_GRANTED, parameters),
             (enqueue_if_blocked(form), parameters),
+            (WAITER_QUEUED, parameters),
             (enqueue_paths(form.paths), parameters),
             *_Picture.steps(request, parameters),
         ]
-        _until, locked, granted, claimed, enqueued, _paths, *reads = batch.run(
+        _until, locked, granted, claimed, enqueued, _, _paths, *reads = batch.run(
             connection, steps, commit=True
         )
         if granted.rowcount:
@@ -708,15 +775,17 @@ class Store:
         steps: list[tuple[Any, dict[str, Any]]] = [
             (CLAIM, self._tx.claim_parameters(request.customer_id)),
             (grant_statement(shape(request.paths), queued=True), parameters),
+            (LOCKS_ADDED, parameters),
         ]
         dequeued = not denied and ticket is not None
         if denied:
             steps += _Picture.steps(request, parameters)
         elif dequeued:
-            # Its queue row goes in the same round trip if the grant inserted.
+            # Its queue row goes in the same round trip if the grant inserted
+            # (LOCKS_ADDED matched a row: see _counted in _statements).
             dequeue = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
-            steps.append((DEQUEUE_IF_GRANTED, dequeue))
-        bumped, granted, *reads = batch.run(connection, steps)
+            steps += [(DEQUEUE_IF_GRANTED, dequeue), (WAITERS_REMOVED, dequeue)]
+        bumped, granted, _, *reads = batch.run(connection, steps)
         if bumped.rowcount == 0:
             connection.rollback()
             return None
@@ -790,10 +859,11 @@ class Store:
         if queue and ticket is None:
             # Queued under the sentinel, so every later grant sees it. The
             # version stays put: nobody watching has anything new to try.
-            enqueued, _, _ = self._commit(
+            enqueued, *_ = self._commit(
                 connection,
                 [
                     (ENQUEUE, waiter_parameters(request, self.settings.waiter_ttl)),
+                    (WAITER_QUEUED, parameters),
                     (enqueue_paths(len(request.paths)), parameters),
                     (UNBUMP, {"c_id": request.customer_id}),
                 ],
@@ -838,7 +908,10 @@ class Store:
     ) -> bool:
         statement = grant_statement(shape(request.paths), queued=queued)
         inserted = connection.execute(statement, parameters).rowcount
-        return cls._all_or_none(connection, request, inserted)
+        if not cls._all_or_none(connection, request, inserted):
+            return False
+        connection.execute(LOCKS_ADDED, parameters)
+        return True
 
     @staticmethod
     def _all_or_none(connection: Connection, request: GrantRequest, inserted: int) -> bool:
@@ -859,7 +932,7 @@ class Store:
             connection.commit()
         else:
             parameters = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
-            self._commit(connection, [(DEQUEUE, parameters)])
+            self._commit(connection, [(DEQUEUE, parameters), (WAITERS_REMOVED, parameters)])
         return Granted(token)
 
     def _commit(
@@ -939,8 +1012,8 @@ class Store:
         """:meth:`leave_queue`'s transaction, on ``connection``."""
         self._tx.bump(connection, customer_id)
         parameters = {"c_id": customer_id, "l_id": lease_id, "w_ticket": ticket}
-        connection.execute(DEQUEUE, parameters)
-        connection.execute(RELEASE, {"c_id": customer_id, "l_id": lease_id})
+        delete_counted(connection, DEQUEUE, parameters, WAITERS_REMOVED)
+        delete_counted(connection, RELEASE, parameters, LOCKS_REMOVED)
         connection.commit()
 
     def refresh_waiters(
@@ -1123,6 +1196,8 @@ class Store:
                     return self._release_to(connection, customer_id, parameters, heir), None
                 if not known and self._likely_queued(customer_id):
                     return self._release_handing_over(connection, customer_id, parameters, paths)
+                if not known:
+                    return self._release_lean(connection, customer_id, parameters)
                 return self._release_in_one(connection, customer_id, parameters)
             deleted = self._release_moving(connection, customer_id, parameters)
             return (None if deleted == 0 and number > 1 else deleted), None
@@ -1216,11 +1291,12 @@ class Store:
         round trips and one commit, where a release and a hand-over of its
         own take two commits: the next in line gets the paths sooner. The
         rows deleted, and no queue left to hand anything to."""
-        locked, deleted, queued = batch.run(
+        locked, deleted, _, queued = batch.run(
             connection,
             [
                 (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
                 (RELEASE, parameters),
+                (LOCKS_REMOVED, parameters),
                 (QUEUE_HEAD, {"c_id": customer_id}),
             ],
         )
@@ -1282,11 +1358,14 @@ class Store:
         request; then move the version from ``seen`` unless the grant did.
         ``sentinel_locked``: this transaction holds the sentinel row
         already."""
-        steps = [] if sentinel_locked else [(LOCK_SENTINEL, {"c_id": customer_id})]
+        steps: list[tuple[Any, dict[str, Any]]] = [(SET_GRANT_UNTIL, self._until())]
+        if not sentinel_locked:
+            steps.append((LOCK_SENTINEL, {"c_id": customer_id}))
+        grant = len(steps)
         steps += self._handing_to(customer_id, heir)
         steps.append((BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}))
-        replies = batch.run(connection, [(SET_GRANT_UNTIL, self._until()), *steps], commit=True)
-        if replies[-4].rowcount:  # the grant's
+        replies = batch.run(connection, steps, commit=True)
+        if replies[grant].rowcount:
             self._handed_to(customer_id, heir)
 
     def _handed_to(self, customer_id: int, heir: _Heir) -> None:
@@ -1326,10 +1405,13 @@ class Store:
             shape(request.paths), queued=True, sentinel_after=True, handed=True
         )
         ticket = {"c_id": customer_id, "l_id": head.lease_id, "w_ticket": head.ticket}
+        # WAITERS_REMOVED matches a row only where the queue row was deleted:
+        # a statement after these may ask ROW_COUNT() whether it was.
         return [
             (statement, parameters),
-            (CLAIM_IF_GRANTED, claim),
+            (CLAIM_IF_GRANTED, parameters),
             (DEQUEUE_IF_GRANTED, ticket),
+            (WAITERS_REMOVED, ticket),
         ]
 
     def _note_heir(self, customer_id: int, lease_id: str, row: Any) -> None:
@@ -1379,7 +1461,7 @@ class Store:
         it was granted, so that whoever waits tries for itself. The rows
         deleted."""
         try:
-            _until, locked, deleted, granted, *_ = batch.run(
+            _until, locked, deleted, _, granted, *_ = batch.run(
                 connection,
                 [
                     (SET_GRANT_UNTIL, self._until()),
@@ -1388,6 +1470,7 @@ class Store:
                         RELEASE_BEFORE_HAND_OVER,
                         {"c_id": customer_id, "released_l_id": parameters["l_id"]},
                     ),
+                    (LOCKS_REMOVED, {"c_id": customer_id}),
                     *self._handing_to(customer_id, heir),
                     (BUMP_UNLESS_HANDED, {"c_id": customer_id}),
                 ],
@@ -1414,12 +1497,53 @@ class Store:
 
         def attempt(connection: Connection, _number: int) -> int:
             self._tx.bump(connection, customer_id)
-            deleted: int = connection.execute(RELEASE, parameters).rowcount
-            connection.execute(FORGET_REQUEST, parameters)
+            deleted = delete_counted(connection, RELEASE, parameters, LOCKS_REMOVED)
+            delete_counted(connection, FORGET_REQUEST, parameters, WAITERS_REMOVED)
             connection.commit()
             return deleted
 
         return self._tx.run("releasing a lease left in doubt", attempt, customer_id=customer_id)
+
+    def _release_lean(
+        self, connection: Connection, customer_id: int, parameters: dict[str, Any]
+    ) -> tuple[int, _Queue | None]:
+        """A release for a customer not seen with a queue lately: in one round
+        trip, its COMMIT included, the rows deleted and counted, and the
+        version read only where requests may be queued (see
+        ``READ_IF_QUEUED``); then, only there, the head of the queue read, for
+        :meth:`_hand_over`. The rows deleted, and what :meth:`_hand_over`
+        needs if anyone waits.
+
+        The rows go before the sentinel row is locked: a grant meanwhile
+        sees them live (committed), is denied and queues, and the count then
+        says so."""
+        deleted, counted, queued = batch.run(
+            connection,
+            [
+                (RELEASE, parameters),
+                (LOCKS_REMOVED_LEFT, parameters),
+                (READ_IF_QUEUED, {"c_id": customer_id}),
+            ],
+            commit=True,
+        )
+        if not queued.rowcount:
+            if deleted.rowcount and not counted.rowcount:
+                # Rows without a sentinel row (an operator deleted it): as
+                # _release_in_one.
+                self._tx.bump(connection, customer_id)
+                connection.commit()
+            elif counted.rowcount and not counted.lastrowid:
+                # Nothing left, nobody queued: the next grant needs no search.
+                self._busy.pop(customer_id, None)
+            return int(deleted.rowcount), None
+        self._seen_queued(customer_id)
+        if not deleted.rowcount:
+            return 0, None
+        (head,) = batch.run(connection, [(QUEUE_HEAD, {"c_id": customer_id})])
+        connection.rollback()
+        if not head.rows:
+            return int(deleted.rowcount), None
+        return int(deleted.rowcount), _queue(customer_id, queued.lastrowid, head.rows)
 
     def _release_in_one(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]
@@ -1431,11 +1555,12 @@ class Store:
         # The version moves when the released paths are handed over, or
         # when nobody can be (see _hand_over()): a waiter does not
         # attempt at the release, only to find the paths given away.
-        locked, deleted, queued = batch.run(
+        locked, deleted, _, queued = batch.run(
             connection,
             [
                 (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
                 (RELEASE, parameters),
+                (LOCKS_REMOVED, parameters),
                 (QUEUE_HEAD, {"c_id": customer_id}),
             ],
             commit=True,
@@ -1462,9 +1587,9 @@ class Store:
         if self.dialect.can_batch(connection):
             # The COMMIT too, where it can: a release in one round trip.
             commit = batch.commits_in_batches(connection)
-            bumped, deleted = batch.run(
+            bumped, deleted, _ = batch.run(
                 connection,
-                [(BUMP, {"c_id": customer_id}), (RELEASE, parameters)],
+                [(BUMP, {"c_id": customer_id}), (RELEASE, parameters), (LOCKS_REMOVED, parameters)],
                 commit=commit,
             )
             if bumped.rowcount:
@@ -1479,7 +1604,7 @@ class Store:
                 return deleted.rowcount
             connection.rollback()  # no sentinel row yet: the usual way creates it
         self._tx.bump(connection, customer_id)
-        deleted_rows: int = connection.execute(RELEASE, parameters).rowcount
+        deleted_rows = delete_counted(connection, RELEASE, parameters, LOCKS_REMOVED)
         connection.commit()
         return deleted_rows
 
@@ -1489,7 +1614,7 @@ class Store:
         def attempt(connection: Connection, _number: int) -> int:
             self._tx.bump(connection, customer_id)
             parameters = {"c_id": customer_id, "o_key": owner.key}
-            deleted = connection.execute(RELEASE_OWNER, parameters).rowcount
+            deleted = delete_counted(connection, RELEASE_OWNER, parameters, LOCKS_REMOVED)
             connection.commit()
             return deleted
 

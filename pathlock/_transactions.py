@@ -485,6 +485,19 @@ class Transactions:
         return int(token)
 
 
+def delete_counted(
+    connection: Connection, statement: Any, parameters: dict[str, Any], count: Any
+) -> int:
+    """Run ``statement`` (a DELETE of lock or queue rows of the customer
+    ``parameters["c_id"]``, in a transaction that holds its sentinel row),
+    then ``count`` (``LOCKS_REMOVED`` or ``WAITERS_REMOVED``) if it deleted
+    rows, so the sentinel's count stays exact; the rows deleted."""
+    deleted: int = connection.execute(statement, parameters).rowcount
+    if deleted:
+        connection.execute(count, {"c_id": parameters["c_id"]})
+    return deleted
+
+
 def attempt_once(
     node: Node,
     operation: Callable[[Connection, int], T],

@@ -13,17 +13,22 @@ from sqlalchemy.exc import DBAPIError
 
 from pathlock._records import as_utc, lock_info, waiter_info
 from pathlock._statements import (
+    HOLD_SENTINELS,
     LEASE_CUSTOMER,
     LOCK_COLUMNS,
+    LOCKS_REMOVED,
     NODE_CUSTOMERS,
     REAP_LOCKS,
     REAP_WAITERS,
+    RECOUNT,
     RELEASE_NODE,
     RELEASE_NODE_WAITERS,
+    UNCOUNTED,
     WAITER_COLUMNS,
+    WAITERS_REMOVED,
     now,
 )
-from pathlock._transactions import Transactions
+from pathlock._transactions import Transactions, delete_counted
 from pathlock.schema import path_lock_waiters, path_locks, version_table
 from pathlock.types import LockInfo, WaiterInfo
 
@@ -130,29 +135,39 @@ class Upkeep:
     ) -> int:
         self._tx.bump(connection, customer_id)
         parameters = {"c_id": customer_id, "o_node": node_id}
-        deleted = connection.execute(RELEASE_NODE, parameters).rowcount
-        connection.execute(RELEASE_NODE_WAITERS, parameters)
+        deleted = delete_counted(connection, RELEASE_NODE, parameters, LOCKS_REMOVED)
+        delete_counted(connection, RELEASE_NODE_WAITERS, parameters, WAITERS_REMOVED)
         connection.commit()
         return deleted
 
     def reap(self, batch_size: int, stop: Callable[[], bool]) -> tuple[int, int]:
         """Delete the lock rows and waiter rows that had expired when the run
         began, ``batch_size`` rows per transaction, until none are left or
-        ``stop()`` says so; return (locks, waiters) deleted.
+        ``stop()`` says so; then count the rows of customers whose counts
+        are not trusted (see :meth:`count_rows`). Return (locks, waiters)
+        deleted.
 
-        No sentinel is written: an expired row already blocks nobody, so
-        deleting it changes no grant, and short batches never hold many row
-        locks at a time."""
+        The version does not move: an expired row already blocks nobody, so
+        deleting it changes no grant; short batches never hold many row locks
+        at a time. Each customer's count goes down with its rows, under its
+        sentinel row, locked first as a release locks it."""
         cutoff = self.database_time().replace(tzinfo=None)  # DATETIME columns are naive UTC
-        return (
-            self._reap_table("reaping expired locks", REAP_LOCKS, batch_size, cutoff, stop),
-            self._reap_table("reaping dead waiters", REAP_WAITERS, batch_size, cutoff, stop),
+        reaped = (
+            self._reap_table(
+                "reaping expired locks", REAP_LOCKS, LOCKS_REMOVED, batch_size, cutoff, stop
+            ),
+            self._reap_table(
+                "reaping dead waiters", REAP_WAITERS, WAITERS_REMOVED, batch_size, cutoff, stop
+            ),
         )
+        self.count_rows(batch_size, stop)
+        return reaped
 
-    def _reap_table(
+    def _reap_table(  # noqa: PLR0917 - private, called twice just above
         self,
         action: str,
         statements: tuple[Select[Any], Delete],
+        count: Any,
         batch_size: int,
         cutoff: datetime,
         stop: Callable[[], bool],
@@ -161,18 +176,55 @@ class Upkeep:
         parameters = {"batch": batch_size, "cutoff": cutoff}
 
         def batch(connection: Connection, _number: int) -> tuple[int, int]:
-            ids = sorted(connection.execute(pick, parameters).scalars())
-            if not ids:
+            picked: dict[int, list[int]] = {}
+            for key, customer_id in connection.execute(pick, parameters):
+                picked.setdefault(int(customer_id), []).append(int(key))
+            if not picked:
                 connection.rollback()
                 return 0, 0
-            deleted = connection.execute(remove, {"ids": ids}).rowcount
+            customers = sorted(picked)
+            connection.execute(HOLD_SENTINELS, {"c_ids": customers})
+            deleted = 0
+            for customer_id in customers:
+                ids = {"c_id": customer_id, "ids": sorted(picked[customer_id])}
+                deleted += delete_counted(connection, remove, ids, count)
             connection.commit()
-            return len(ids), deleted
+            return sum(map(len, picked.values())), deleted
 
         total = 0
         while not stop():
             picked, deleted = self._tx.run(action, batch)
             total += deleted
             if picked < batch_size:
+                break
+        return total
+
+    def count_rows(self, batch_size: int, stop: Callable[[], bool]) -> int:
+        """Count afresh the lock and queue rows of every customer whose
+        counts are not trusted (never counted: customers locked before
+        revision 0008; or moved past by a pathlock without the counts during
+        a rolling upgrade), ``batch_size`` customers per transaction, until
+        none are left or ``stop()`` says so; the customers counted. A
+        customer's grants skip the conflict and queue searches only while
+        its counts are trusted and say it has no rows."""
+
+        def batch(after: int, connection: Connection, _number: int) -> tuple[int, int]:
+            found = connection.execute(UNCOUNTED, {"after": after, "batch": batch_size})
+            customers = sorted(int(customer_id) for customer_id in found.scalars())
+            if not customers:
+                connection.rollback()
+                return 0, after
+            connection.execute(HOLD_SENTINELS, {"c_ids": customers})
+            connection.execute(RECOUNT, {"c_ids": customers})
+            connection.commit()
+            return len(customers), customers[-1]
+
+        total, after = 0, -(2**63)
+        while not stop():
+            counted, after = self._tx.run(
+                "counting customers' rows", functools.partial(batch, after)
+            )
+            total += counted
+            if counted < batch_size:
                 break
         return total

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # read from that directory when pathlock is imported: on a server the library
 # never loads its migrations (a DBA runs them), so it runs today where they
 # are not files it could read (a zip, a frozen application, .pyc only).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 REVISION = REVISIONS[-1]
@@ -114,6 +114,17 @@ customer_locks = Table(
     # with the other setting are refused, since their paths would never meet
     # the folded ones: /Shared/Foo and /shared/foo would both be granted.
     Column("case_insensitive", Boolean, nullable=True),
+    # How many rows the customer has in path_locks and in path_lock_waiters,
+    # live or expired (revision 0008): a grant to a customer with neither
+    # needs no conflict or queue search. Kept in the transactions that insert
+    # and delete those rows. They count only while ``counted_version`` equals
+    # ``version``: every sentinel write of this pathlock moves both, so a write
+    # that moves the version alone (a pathlock without the counts, during a
+    # rolling upgrade) leaves them uncounted until the reaper counts again.
+    # NULL: never counted.
+    Column("lock_rows", BigInteger, nullable=True),
+    Column("waiter_rows", BigInteger, nullable=True),
+    Column("counted_version", BigInteger, nullable=True),
     **_TABLE,
 )
 

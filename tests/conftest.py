@@ -17,6 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from pathlock import CustomerLocks, PathLockManager, migrate
 from pathlock._backends import CONFIG_ENV_VAR
+from tests.row_counts import miscounted
 
 # The machine's /etc/pathlock.toml, if it has one, is not the tests' business:
 # no test (nor any process a test starts) reads it unless the test says so.
@@ -60,6 +61,7 @@ def mariadb_url() -> Iterator[str]:
     try:
         migrate.upgrade(url)
         yield url
+        _counts_exact(url)
     finally:
         with server.begin() as connection:
             connection.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
@@ -67,11 +69,37 @@ def mariadb_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A SQLite file of the test session, upgraded by pathlock itself."""
     url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'pathlock.sqlite3'}"
     PathLockManager(url, heartbeat=False).close()  # creates the schema
-    return url
+    yield url
+    _counts_exact(url)
+
+
+def _counts_exact(url: str, customer_ids: list[int] | None = None) -> None:
+    """Fail if a customer's trusted row counts are wrong (every customer of
+    the session's database, at its end; or ``customer_ids``)."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            wrong = miscounted(connection, customer_ids)
+    finally:
+        engine.dispose()
+    assert not wrong, "row counts wrong:\n" + "\n".join(wrong[:20])
+
+
+@pytest.fixture(autouse=True)
+def _exact_counts_of_the_tests_customer(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that locked in the ``customer_id`` of a backend, that
+    customer's counts are exact (see ``customer_locks`` in pathlock.schema)."""
+    names = request.fixturenames
+    if "customer_id" not in names or "database_url" not in names:
+        yield
+        return
+    url, customer = request.getfixturevalue("database_url"), request.getfixturevalue("customer_id")
+    yield
+    _counts_exact(url, [customer])
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

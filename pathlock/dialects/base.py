@@ -75,9 +75,28 @@ class Fenced(FunctionElement[int]):
     inherit_cache = True
 
 
+class Changed(FunctionElement[int]):
+    """How many rows the statement before this one, on the same connection,
+    inserted, deleted or matched (MySQL's ``ROW_COUNT()``, SQLite's
+    ``changes()``)."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+class InsertedId(FunctionElement[int]):
+    """The id the last INSERT of this connection generated (MySQL's
+    ``LAST_INSERT_ID()``, SQLite's ``last_insert_rowid()``)."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
 @compiles(Now)
 @compiles(NowPlus)
 @compiles(Fenced)
+@compiles(Changed)
+@compiles(InsertedId)
 def _unspelled(element: FunctionElement[Any], compiler: Any, **_kw: Any) -> str:
     # Each family spells these for its own dialect names; any other database
     # has no spelling, rather than MySQL's by default.

@@ -22,8 +22,10 @@ from pathlock.dialects.base import (
     COMMIT_ALONE,
     ISOLATION_LEVEL,
     SERVER_SESSION,
+    Changed,
     Dialect,
     Fenced,
+    InsertedId,
     Now,
     NowPlus,
     ServerSession,
@@ -473,3 +475,16 @@ def _fenced(element: Fenced, compiler: SQLCompiler, **kw: Any) -> str:
     # LAST_INSERT_ID(expr) returns the value in the statement's own reply
     # (cursor.lastrowid), saving a SELECT on the hot path.
     return f"LAST_INSERT_ID({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(Changed, "mysql")
+@compiles(Changed, "mariadb")
+def _changed(_element: Changed, _compiler: SQLCompiler, **_kw: Any) -> str:
+    # Matched rows, for an UPDATE: pathlock's connections set CLIENT_FOUND_ROWS.
+    return "ROW_COUNT()"
+
+
+@compiles(InsertedId, "mysql")
+@compiles(InsertedId, "mariadb")
+def _inserted_id(_element: InsertedId, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return "LAST_INSERT_ID()"

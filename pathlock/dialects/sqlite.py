@@ -16,7 +16,16 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.types import TypeEngine
 
 from pathlock._owners import process_user
-from pathlock.dialects.base import READ_ONLY, Dialect, Fenced, Now, NowPlus, new_engine
+from pathlock.dialects.base import (
+    READ_ONLY,
+    Changed,
+    Dialect,
+    Fenced,
+    InsertedId,
+    Now,
+    NowPlus,
+    new_engine,
+)
 from pathlock.errors import BackendError, InvalidArgument, PathLockError
 
 if TYPE_CHECKING:
@@ -242,3 +251,13 @@ def _now_plus(element: NowPlus, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(Fenced, "sqlite")
 def _fenced(element: Fenced, compiler: SQLCompiler, **kw: Any) -> str:
     return str(compiler.process(element.clauses, **kw))
+
+
+@compiles(Changed, "sqlite")
+def _changed(_element: Changed, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return "changes()"
+
+
+@compiles(InsertedId, "sqlite")
+def _inserted_id(_element: InsertedId, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return "last_insert_rowid()"

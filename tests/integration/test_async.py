@@ -654,17 +654,19 @@ def test_statements_are_batched_over_asyncmy_too(
             await spawn(failing, manager._core.engine)
 
     run(main)
-    # The grant in one round trip (with its COMMIT; denied, since the
-    # customer's sentinel row does not exist yet), the attempt that finds
-    # that out (with its reads of who is in the way), then the row and the
-    # grant made one by one; the denied try in one round trip, then with its
-    # reads; the release, whose COMMIT goes with it (with its read of the
-    # queue, to hand the paths over: nobody waits; the version comes with the
-    # reply to the lock of the sentinel row).
+    # The grant without searches and the grant in one round trip (each with
+    # its COMMIT; denied, since the customer's sentinel row does not exist
+    # yet), the attempt that finds that out (with its reads of who is in the
+    # way), then the row and the grant made one by one; the denied try in one
+    # round trip (the customer has a lock now: no grant without searches),
+    # then with its reads; the release, whose COMMIT goes with it (its rows
+    # counted down, and the version read only if requests may be queued:
+    # none are).
     assert batches == [
+        (2, "COMMIT"),
         (4, "COMMIT"),
-        (7, ""),  # the lock, the grant, five reads
+        (8, ""),  # the sentinel write, the grant, its count, five reads
         (4, "COMMIT"),
-        (7, ""),
+        (8, ""),
         (3, "COMMIT"),
     ], batches

@@ -34,6 +34,7 @@ from pathlock import CustomerLocks, PathLockManager
 from pathlock._backends import URL_ENV_VAR
 from pathlock.cli import main
 from pathlock.schema import REVISION, REVISIONS, customer_locks, path_locks
+from tests.row_counts import count_added
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -206,6 +207,7 @@ def inserted(raw_engine: Engine, customer_id: int) -> Iterator[Callable[..., Non
     def insert(*rows: dict[str, Any]) -> None:
         with raw_engine.begin() as connection:
             connection.execute(path_locks.insert(), list(rows))
+            count_added(connection, path_locks, rows)
 
     yield insert
     with raw_engine.begin() as connection:

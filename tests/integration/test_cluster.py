@@ -156,15 +156,17 @@ def test_a_waiter_on_a_galera_node_sends_its_commits_alone_and_little_else(
                 release.join()
     statements = [_statements(command) for command in commands]
     assert statements[:3] == [
-        ["UPDATE", "INSERT"],  # the attempt, denied
+        ["UPDATE", "INSERT", "UPDATE"],  # the attempt (its rows counted), denied
         ["SELECT"] * 5,  # who is in the way
-        ["INSERT", "INSERT", "UPDATE"],  # the queue row and its paths, the version put back
+        # the queue row (counted) and its paths, the version put back
+        ["INSERT", "UPDATE", "INSERT", "UPDATE"],
     ], commands
     assert statements[3] == ["COMMIT"], commands
     assert statements[-4:] == [
-        ["UPDATE", "INSERT", "DELETE"],  # the grant, the queue row deleted with it
+        # the grant, counted; the queue row deleted with it, counted
+        ["UPDATE", "INSERT", "UPDATE", "DELETE", "UPDATE"],
         ["COMMIT"],
-        ["UPDATE", "DELETE"],  # the release
+        ["UPDATE", "DELETE", "UPDATE"],  # the release, counted
         ["COMMIT"],
     ], commands
     checks = statements[4:-4]

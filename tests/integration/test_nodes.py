@@ -50,6 +50,7 @@ from pathlock import (
 )
 from pathlock.schema import metadata, path_lock_waiters, path_locks
 from tests.integration import nodes_worker
+from tests.row_counts import count_added, miscounted
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,6 +131,7 @@ def _waiter_row(
 def _insert(engine: Engine, table: Table, rows: Sequence[dict[str, Any]]) -> None:
     with engine.begin() as connection:
         connection.execute(table.insert(), list(rows))
+        count_added(connection, table, rows)
 
 
 def _rows(engine: Engine, table: Table, customer_id: int) -> list[Row[Any]]:
@@ -448,14 +450,23 @@ def test_reap_expired_deletes_exactly_the_expired_rows_in_batches(
     held.renew()  # a held lease is not touched
     held.release()
 
-    # Batches: no DELETE removed more than batch_size rows, our 10 lock rows
-    # took at least 4 of them, and each batch committed before the next began.
-    deletes = [(table, count) for table, count in statements if table != "COMMIT"]
-    assert all(count <= 3 for _, count in deletes), statements
-    assert sum(1 for table, count in deletes if table == "path_locks" and count) >= 4, statements
-    for index, (table, _) in enumerate(statements):
-        if table != "COMMIT":
-            assert ("COMMIT", 0) in statements[index + 1 : index + 2], statements
+    # Batches: no transaction deleted more than batch_size rows (one DELETE
+    # per customer), our 10 lock rows took at least 4 of them, and each batch
+    # committed before the next began.
+    batches: list[list[tuple[str, int]]] = [[]]
+    for table, count in statements:
+        if table == "COMMIT":
+            batches.append([])
+        else:
+            batches[-1].append((table, count))
+    assert batches[-1] == [], statements
+    assert all(sum(count for _, count in batch) <= 3 for batch in batches), statements
+    assert all(len({table for table, _ in batch}) <= 1 for batch in batches), statements
+    ours = sum(1 for batch in batches if any(table == "path_locks" for table, _ in batch))
+    assert ours >= 4, statements
+    # The customer's counts went down with its rows.
+    with raw_engine.connect() as connection:
+        assert miscounted(connection, [customer_id], exact=True) == []
 
 
 @pytest.mark.parametrize(

@@ -70,12 +70,13 @@ def test_an_engine_passed_in_sends_the_commit_on_its_own(
             with sent(monkeypatch) as commands:
                 lease.release()
             # Its connections take one statement per query: the sentinel
-            # write, the DELETE and the COMMIT go one by one. Around them,
-            # SQLAlchemy sets the connection's isolation level to pathlock's
-            # at checkout and back to the engine's at return (8 in all).
-            own = [command.split()[0] for command in commands[2:5]]
-            assert own == ["UPDATE", "DELETE", "COMMIT"], commands
-            assert len(commands) == 8, commands
+            # write, the DELETE, the count and the COMMIT go one by one.
+            # Around them, SQLAlchemy sets the connection's isolation level
+            # to pathlock's at checkout and back to the engine's at return
+            # (9 in all).
+            own = [command.split()[0] for command in commands[2:6]]
+            assert own == ["UPDATE", "DELETE", "UPDATE", "COMMIT"], commands
+            assert len(commands) == 9, commands
             assert locks.list_locks() == []
     finally:
         engine.dispose()
@@ -149,11 +150,12 @@ def _statements(command: str) -> list[str]:
 def test_an_uncontended_acquire_and_release_are_two_round_trips(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each with its COMMIT: the acquire locks the sentinel row (an UPDATE
-    that changes nothing), grants, and writes the sentinel (only because it
-    granted); the release locks the sentinel row too (its reply carries the
-    version), deletes, and reads the head of the queue (empty: nothing to
-    hand over, and the version does not move)."""
+    """Each with its COMMIT, and neither searches: the customer has no lock
+    and no queued request (its sentinel row counts them), so the acquire
+    writes the sentinel row only if its counts are zero, and inserts only if
+    it did; the release deletes, counts what is left, and reads the version
+    only if requests may be queued (none: nothing to hand over, and the
+    version does not move)."""
     with PathLockManager(mariadb_url, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/warm").release()  # the sentinel row exists
@@ -161,19 +163,22 @@ def test_an_uncontended_acquire_and_release_are_two_round_trips(
             lease = locks.lock_paths("/a/b", shared=["/c"])
             lease.release()
         assert [_statements(command) for command in commands] == [
-            ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
-            ["UPDATE", "DELETE", "SELECT", "COMMIT"],
+            ["UPDATE", "INSERT", "COMMIT"],
+            ["DELETE", "UPDATE", "UPDATE", "COMMIT"],
         ], commands
         assert lease.fencing_token == _version(manager, customer_id)
+        assert "lock_rows = 0" in commands[0]
+        assert "waiter_rows = 0" in commands[0]
+        assert "EXISTS" not in commands[0]
 
 
 def test_a_denied_attempt_commits_no_write(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A try-lock that is refused: its one-round-trip attempt inserts nothing
-    and so writes no sentinel, and the attempt that says who is in the way
-    rolls its sentinel write back. The version (the next fencing token) does
-    not move."""
+    """A try-lock that is refused: its attempt without searches (the customer
+    has a lock) and its one-round-trip attempt insert nothing and so write no
+    sentinel, and the attempt that says who is in the way rolls its sentinel
+    write back. The version (the next fencing token) does not move."""
     with (
         PathLockManager(mariadb_url, heartbeat=False) as holder,
         PathLockManager(mariadb_url, heartbeat=False) as other,
@@ -182,7 +187,8 @@ def test_a_denied_attempt_commits_no_write(
         version = _version(holder, customer_id)
         with sent(monkeypatch) as commands:
             assert other.for_customer(customer_id).try_lock_paths("/a/b") is None
-        assert _statements(commands[0]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], commands
+        assert _statements(commands[0]) == ["UPDATE", "INSERT", "COMMIT"], commands
+        assert _statements(commands[1]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], commands
         assert _version(holder, customer_id) == version
         lease.release()
 
@@ -233,10 +239,12 @@ def _version(manager: PathLockManager, customer_id: int) -> int:
         )
 
 
-def test_a_denied_request_is_queued_in_three_round_trips(
+def test_a_denied_request_is_queued_in_four_round_trips(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The grant in one round trip (denied: nothing written); then the
+    """The grant without searches (denied: the customer has a lock; a
+    manager tries it on a customer only when it was not refused it
+    lately); the grant in one round trip (denied: nothing written); then the
     attempt (sentinel write and grant) with the reads that say who is in the
     way (live locks, the queue, the owner's own locks, rows of its own lease
     that a release handed to it), and the queue row with
@@ -250,15 +258,20 @@ def test_a_denied_request_is_queued_in_three_round_trips(
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with sent(monkeypatch) as commands, pytest.raises(LockTimeout):
             waiter.for_customer(customer_id).lock_paths("/a/b", timeout=0.2)
-        assert _statements(commands[0]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], (
-            commands[0]
+        assert _statements(commands[0]) == ["UPDATE", "INSERT", "COMMIT"], commands[0]
+        assert _statements(commands[1]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], (
+            commands[1]
         )
         reads = ["SELECT"] * 5
-        assert _statements(commands[1]) == ["UPDATE", "INSERT", *reads], commands[1]
-        # The queue row, its paths' rows (revision 0007), the version put back.
-        assert _statements(commands[2]) == ["INSERT", "INSERT", "UPDATE", "COMMIT"], commands[2]
-        assert "path_lock_waiters" in commands[2].split(";\n")[0]
-        assert "path_lock_waiter_paths" in commands[2].split(";\n")[1]
+        # The attempt: the sentinel written, the grant, its count (none).
+        assert _statements(commands[2]) == ["UPDATE", "INSERT", "UPDATE", *reads], commands[2]
+        # The queue row, its count, its paths' rows (revision 0007), the
+        # version put back.
+        queued = ["INSERT", "UPDATE", "INSERT", "UPDATE", "COMMIT"]
+        assert _statements(commands[3]) == queued, commands[3]
+        assert "path_lock_waiters" in commands[3].split(";\n")[0]
+        assert "waiter_rows" in commands[3].split(";\n")[1]
+        assert "path_lock_waiter_paths" in commands[3].split(";\n")[2]
         lease.release()
 
 
@@ -307,7 +320,7 @@ def test_a_request_beside_the_queue_of_a_customer_is_granted_in_one_round_trip(
     # alone.
     reads = ["SELECT"] * 5
     expected = (
-        ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", "INSERT", *reads, "COMMIT"],
+        ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", "UPDATE", "INSERT", *reads, "COMMIT"],
         ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],
     )
     assert len(commands) == 1, commands
@@ -363,9 +376,11 @@ def test_a_waiters_checks_are_one_round_trip_each(
             thread.join()
 
     queued = [
+        ["UPDATE", "INSERT", "COMMIT"],  # the grant without searches, denied
         ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the grant in one round trip, denied
-        ["UPDATE", "INSERT", *["SELECT"] * 5],  # the attempt, with who is in the way
-        ["INSERT", "INSERT", "UPDATE", "COMMIT"],  # the queue row, and its paths
+        # the attempt (its grant counted), with who is in the way
+        ["UPDATE", "INSERT", "UPDATE", *["SELECT"] * 5],
+        ["INSERT", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the queue row, counted, its paths
     ]
     checks = {
         ("SELECT", "ROLLBACK"),  # the version, and anything handed over
@@ -378,36 +393,46 @@ def test_a_waiters_checks_are_one_round_trip_each(
     # free: the waiter attempts, and its grant in one round trip either takes
     # the path first or is denied, by the rows handed to it, which the attempt
     # after it takes up.
-    granted = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "COMMIT"]
-    attempt = ["UPDATE", "INSERT", "SELECT", "SELECT", "SELECT", "SELECT", "SELECT"]
+    granted = ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"]
+    attempt = ["UPDATE", "INSERT", "UPDATE", "SELECT", "SELECT", "SELECT", "SELECT", "SELECT"]
     raced = {tuple(granted), ("SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"), tuple(attempt)}
-    released = ["UPDATE", "DELETE", "SELECT", "COMMIT"]
+    # Nobody queued: the rows deleted and counted, the version not read; or,
+    # for a lease that was handed its paths when nobody was next in line,
+    # the queue read in the release's round trip.
+    released = (
+        ["DELETE", "UPDATE", "UPDATE", "COMMIT"],
+        ["UPDATE", "DELETE", "UPDATE", "SELECT", "COMMIT"],
+    )
     # The holder saw the queue (its sibling's release read it): it reads the
     # queue and hands over in one transaction, in two round trips.
     read_and_handed = [
-        ["UPDATE", "DELETE", "SELECT"],
-        ["SET", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"],
+        ["UPDATE", "DELETE", "UPDATE", "SELECT"],
+        ["SET", "INSERT", "UPDATE", "DELETE", "UPDATE", "UPDATE", "COMMIT"],
     ]
-    handed_on = ["SET", "UPDATE", "DELETE", "INSERT", "UPDATE", "DELETE", "UPDATE", "COMMIT"]
+    handed_on = [
+        *("SET", "UPDATE", "DELETE", "UPDATE"),  # the release, counted
+        *("INSERT", "UPDATE", "DELETE", "UPDATE"),  # the grant, its queue row gone, counted
+        *("UPDATE", "COMMIT"),
+    ]
     first_sent = [_statements(command) for command in by_thread["first"]]
-    assert first_sent[:3] == queued, first_sent
+    assert first_sent[:4] == queued, first_sent
     if first_sent[-2] == taken_up:
         # Its check found the path handed to it, and who is next: the second.
-        assert set(map(tuple, first_sent[3:-2])) <= checks | raced, first_sent
+        assert set(map(tuple, first_sent[4:-2])) <= checks | raced, first_sent
         assert first_sent[-1] == handed_on, first_sent
     else:
         # Granted by an attempt of its own (or its attempt took up the rows
         # handed to it): its release reads the queue, which it saw.
-        assert set(map(tuple, first_sent[3:-3])) <= checks | raced, first_sent
+        assert set(map(tuple, first_sent[4:-3])) <= checks | raced, first_sent
         assert first_sent[-3] in (granted, ["UPDATE", "COMMIT"]), first_sent
         assert first_sent[-2:] == read_and_handed, first_sent
     second_sent = [_statements(command) for command in by_thread["second"]]
-    assert second_sent[:3] == queued, second_sent
-    assert set(map(tuple, second_sent[3:-2])) <= checks | raced, second_sent
-    assert ("SELECT", "ROLLBACK") in map(tuple, second_sent[3:-2]), second_sent
+    assert second_sent[:4] == queued, second_sent
+    assert set(map(tuple, second_sent[4:-2])) <= checks | raced, second_sent
+    assert ("SELECT", "ROLLBACK") in map(tuple, second_sent[4:-2]), second_sent
     # The last in line: nobody to hand over to.
     assert second_sent[-2] in (taken_up, granted, ["UPDATE", "COMMIT"]), second_sent
-    assert second_sent[-1] == released, second_sent
+    assert second_sent[-1] in released, second_sent
 
 
 def test_the_waiters_of_one_process_keep_their_places_in_one_transaction(

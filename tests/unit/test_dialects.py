@@ -18,7 +18,7 @@ from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import CompileError, DBAPIError, OperationalError
 
 from pathlock import InvalidArgument, dialects
-from pathlock._statements import BUMP, CREATE_SENTINEL, now, now_plus
+from pathlock._statements import BUMP, CREATE_SENTINEL, LOCKS_REMOVED, now, now_plus
 from pathlock.cli.arguments import build_parser
 from pathlock.dialects import base
 from pathlock.dialects.base import ASYNC_DRIVERS, Dialect
@@ -96,13 +96,15 @@ def test_sqlite_errors() -> None:
 def test_each_family_spells_the_shared_sql() -> None:
     my, lite = mysql.dialect(), sqlite.dialect()
     # MySQL: no INSERT IGNORE, whose existing key is a warning (asyncmy logs it).
-    assert str(CREATE_SENTINEL.compile(dialect=my)) == (
-        "INSERT INTO customer_locks (customer_id, version) VALUES (%s, %s)"
-        " ON DUPLICATE KEY UPDATE customer_id = customer_id"
+    created = str(CREATE_SENTINEL.compile(dialect=my))
+    assert created.startswith("INSERT INTO customer_locks (customer_id, version, lock_rows,")
+    assert created.endswith(" ON DUPLICATE KEY UPDATE customer_id = customer_id")
+    assert str(CREATE_SENTINEL.compile(dialect=lite)).startswith(
+        "INSERT OR IGNORE INTO customer_locks (customer_id, version, lock_rows,"
     )
-    assert str(CREATE_SENTINEL.compile(dialect=lite)) == (
-        "INSERT OR IGNORE INTO customer_locks (customer_id, version) VALUES (?, ?)"
-    )
+    # The row count of the statement before, in a statement of the same connection.
+    assert "ROW_COUNT()" in str(LOCKS_REMOVED.compile(dialect=my))
+    assert "changes()" in str(LOCKS_REMOVED.compile(dialect=lite))
     # The token travels in the sentinel write's reply on MySQL only.
     assert "LAST_INSERT_ID(" in str(BUMP.compile(dialect=my))
     assert "LAST_INSERT_ID" not in str(BUMP.compile(dialect=lite))
