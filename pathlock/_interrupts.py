@@ -53,37 +53,70 @@ _SIGNALS = tuple(
 
 Handler = Callable[[int, FrameType | None], Any]
 
-_local = threading.local()
-
 # The main thread's id, read on every use of held_back (threading's
 # current_thread() and main_thread() are Python calls). After a fork the
 # thread that forked is the child's main thread.
 _main = [threading.main_thread().ident]
 
 
+class _State:
+    """The main thread's held_back blocks (only the main thread runs signal
+    handlers, so only it ever holds one), and the last look at the handlers."""
+
+    current: held_back | None = None
+    """The outermost block in force (the one that swapped the handlers);
+    ``None``: signals are not held back."""
+    seen: tuple[object, ...] = ()
+    """The handlers of ``_SIGNALS`` at the last look."""
+    python: tuple[int, ...] = ()
+    """Those of them that are Python functions, by signal number."""
+
+
+_state = _State()
+
+
 def _forked() -> None:
     _main[0] = _thread.get_ident()
+    # The parent's main thread may have been inside a block: not this one.
+    _state.current = None
 
 
 os.register_at_fork(after_in_child=_forked)
 
 
+def _python_handlers() -> tuple[int, ...]:
+    """The signals of ``_SIGNALS`` whose handlers are Python functions now.
+
+    One look at every handler (about a microsecond, C calls only); which of
+    them are Python functions is worked out again only when one changed."""
+    seen = tuple(map(_signal.getsignal, _SIGNALS))
+    if seen != _state.seen:
+        _state.python = tuple(
+            signum for signum, handler in zip(_SIGNALS, seen, strict=True) if callable(handler)
+        )
+        _state.seen = seen
+    return _state.python
+
+
 class held_back:  # noqa: N801 - used like a function: ``with held_back():``
     """Within the block, in the main thread, the signals of ``_SIGNALS``
     whose handlers are Python functions are recorded instead of handled, and
-    handled (in arrival order) when it ends."""
+    handled (in arrival order) when it ends.
 
-    __slots__ = ("_held", "_outer", "_saved")
+    Only the outermost block in force swaps handlers: a block inside it
+    costs a comparison, and what arrives meanwhile is handled when the
+    outermost one ends (as it would be if the inner block swapped too)."""
+
+    __slots__ = ("_active", "_held", "_saved")
 
     def __init__(self) -> None:
         self._saved: dict[int, Handler] = {}
         self._held: list[tuple[int, FrameType | None]] = []
-        self._outer: held_back | None = None
+        self._active = False
 
     def __enter__(self) -> held_back:
-        if _thread.get_ident() != _main[0]:
-            return self
-        self._outer = getattr(_local, "current", None)
+        if _thread.get_ident() != _main[0] or _state.current is not None:
+            return self  # another thread, or inside a block that holds already
         try:
             self._hold()
         except BaseException:
@@ -91,7 +124,8 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
             # no handler may stay swapped.
             self._restore()
             raise
-        _local.current = self
+        self._active = True
+        _state.current = self
         return self
 
     def __exit__(
@@ -100,9 +134,10 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
         _error: BaseException | None,
         _traceback: TracebackType | None,
     ) -> None:
-        if _thread.get_ident() != _main[0]:
+        if not self._active:
             return
-        _local.current = self._outer
+        self._active = False
+        _state.current = None
         self._restore()
         held, self._held = self._held, []
         for signum, frame in held:
@@ -115,7 +150,7 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
 
     def _hold(self) -> None:
         record, saved, getsignal = self._record, self._saved, _signal.getsignal
-        for signum in _SIGNALS:
+        for signum in _python_handlers():
             handler = getsignal(signum)
             if callable(handler) and handler != record:
                 saved[signum] = handler  # before the swap: restored whatever happens
@@ -141,22 +176,14 @@ def let_through() -> Iterator[None]:
     """Within :class:`held_back`, let signals be handled again for the block:
     for a wait on the network, which a Ctrl-C must be able to end. Signals
     held back so far are handled first."""
-    blocks: list[held_back] = []  # innermost first
-    current: held_back | None = getattr(_local, "current", None)
-    while current is not None:
-        blocks.append(current)
-        current = current._outer
-    if not blocks or _thread.get_ident() != _main[0]:
+    block = _state.current
+    if block is None or _thread.get_ident() != _main[0]:
         yield
         return
-    left: list[held_back] = []
     try:
-        for block in blocks:
-            left.append(block)  # first: its __exit__ may raise a held-back signal
-            block.__exit__(None, None, None)
+        block.__exit__(None, None, None)  # may raise a held-back signal
         yield
     finally:
         # On the way out of an interrupted connect, too: the pool's clean-up
-        # (and the held_back blocks' ends) follow.
-        for block in reversed(left):
-            block.__enter__()
+        # (and the held_back block's end) follow.
+        block.__enter__()

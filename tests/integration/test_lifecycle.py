@@ -390,28 +390,26 @@ def test_an_interrupt_after_the_grant_returned_leaves_the_owner_free_to_ask_agai
     monkeypatch: pytest.MonkeyPatch,
     call: str,
 ) -> None:
-    """A signal that arrives while the granted call counts itself out is held
-    back there and raised as the call returns: after the grant, before the
-    Lease reaches the caller. Its lease stayed registered and renewed, and
-    the same thread's next request failed as a deadlock with itself (2 of 250
-    rounds with random SIGALRMs); the caller never had the lease to release."""
-    target = manager._calls._condition
-    original = threading.Condition.__enter__
+    """A signal that arrives as the granted call counts itself out raises as
+    the call returns: after the grant, before the Lease reaches the caller.
+    Its lease stayed registered and renewed, and the same thread's next
+    request failed as a deadlock with itself (2 of 250 rounds with random
+    SIGALRMs); the caller never had the lease to release."""
     entered = [0]
 
-    def enter(self: threading.Condition) -> bool:
-        taken = original(self)
-        if self is target and threading.current_thread() is threading.main_thread():
-            entered[0] += 1
-            if entered[0] == 2:  # counting the call out: the grant is done
-                os.kill(os.getpid(), signal.SIGINT)  # held back until the count is down
-        return taken
+    class Counted(set[object]):
+        def discard(self, token: object) -> None:
+            super().discard(token)
+            if threading.current_thread() is threading.main_thread():
+                entered[0] += 1
+                if entered[0] == 1:  # counting the call out: the grant is done
+                    os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
 
-    monkeypatch.setattr(threading.Condition, "__enter__", enter)
+    monkeypatch.setattr(manager._calls, "_running", Counted())
     with pytest.raises(KeyboardInterrupt):
         getattr(locks, call)("/Shared/a")
     monkeypatch.undo()
-    assert entered[0] >= 2
+    assert entered[0] >= 1
     with locks.lock_paths("/Shared/a", timeout=5) as lease:  # not DeadlockDetected
         lease.ensure_held()
     assert locks.release_locks() == 0
@@ -680,28 +678,29 @@ def test_an_interrupt_as_a_call_is_counted_leaves_the_manager_usable(
     # Condition.__enter__ is Python code: a KeyboardInterrupt right after it
     # took the lock left the lock of the manager's call counter held, and
     # every later call of every thread hung (found by the hostile stress run).
+    # The count takes no lock now; an interrupt right after a call is counted
+    # must still count it out again.
     with PathLockManager(f"sqlite:///{tmp_path / 'locks.sqlite3'}", heartbeat=False) as manager:
-        target = manager._calls._condition
-        original = threading.Condition.__enter__
         armed = [True]
 
-        def enter(self: threading.Condition) -> bool:
-            taken = original(self)
-            main = threading.current_thread() is threading.main_thread()
-            if self is target and armed[0] and main:
-                armed[0] = False
-                os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
-            return taken
+        class Counted(set[object]):
+            def add(self, token: object) -> None:
+                super().add(token)
+                main = threading.current_thread() is threading.main_thread()
+                if armed[0] and main:
+                    armed[0] = False
+                    os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
 
-        monkeypatch.setattr(threading.Condition, "__enter__", enter)
+        monkeypatch.setattr(manager._calls, "_running", Counted())
         with pytest.raises(KeyboardInterrupt):
             manager.list_locks()
-        monkeypatch.undo()
         assert not armed[0]
+        assert manager._calls._count == 0
         listed: list[object] = []
         other = threading.Thread(target=lambda: listed.append(manager.list_locks()), daemon=True)
         other.start()
         other.join(10)
-        assert not other.is_alive(), "the call counter's lock was left held"
+        assert not other.is_alive(), "the call counter was left counting"
         assert listed == [[]]
+        monkeypatch.undo()
         assert manager._calls._count == 0
