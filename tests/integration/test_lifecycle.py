@@ -33,6 +33,7 @@ from pathlock import (
     Settings,
     waiting,
 )
+from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock.dialects.base import ServerSession
 from pathlock.schema import path_lock_waiters, path_locks
@@ -297,25 +298,43 @@ def test_a_child_forked_while_a_thread_held_the_dropped_sessions_lock_can_lock(
 
 class _Interrupt:
     """Raises KeyboardInterrupt once, right after (or before) a COMMIT reaches
-    the server: the moment at which a grant's outcome is in doubt."""
+    the server: the moment at which a grant's outcome is in doubt. A COMMIT
+    sent on its own goes through the dialect's do_commit; one at the end of
+    a batch (a release's, a grant in one round trip) goes with the batch,
+    whose engine's transaction SQLAlchemy may never hear of."""
 
     def __init__(self, manager: PathLockManager, *, after: bool) -> None:
         self._dialect = manager.engine.dialect
         self._original = self._dialect.do_commit
+        self._run_batch = batch.run
         self._after = after
+        self._monkeypatch = pytest.MonkeyPatch()
+
+    def _fired(self) -> None:
+        self._dialect.do_commit = self._original  # type: ignore[method-assign]
+        self._monkeypatch.undo()
 
     def __enter__(self) -> _Interrupt:
         def do_commit(dbapi_connection: Any) -> None:
-            self._dialect.do_commit = self._original  # type: ignore[method-assign]
+            self._fired()
             if self._after:
                 self._original(dbapi_connection)
             raise KeyboardInterrupt
 
+        def run_batch(*args: Any, commit: bool = False, **kwargs: Any) -> Any:
+            if not commit:
+                return self._run_batch(*args, commit=commit, **kwargs)
+            self._fired()
+            if self._after:
+                self._run_batch(*args, commit=commit, **kwargs)
+            raise KeyboardInterrupt
+
         self._dialect.do_commit = do_commit  # type: ignore[method-assign]
+        self._monkeypatch.setattr(batch, "run", run_batch)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._dialect.do_commit = self._original  # type: ignore[method-assign]
+        self._fired()
 
 
 def test_an_interrupt_right_after_the_grants_commit_leaves_nothing(
