@@ -68,8 +68,8 @@ class _State:
     ``None``: signals are not held back."""
     seen: tuple[object, ...] = ()
     """The handlers of ``_SIGNALS`` at the last look."""
-    python: tuple[int, ...] = ()
-    """Those of them that are Python functions, by signal number."""
+    python: tuple[tuple[int, Handler], ...] = ()
+    """Those of them that are Python functions, with their signal numbers."""
 
 
 _state = _State()
@@ -84,15 +84,18 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def _python_handlers() -> tuple[int, ...]:
-    """The signals of ``_SIGNALS`` whose handlers are Python functions now.
+def _python_handlers() -> tuple[tuple[int, Handler], ...]:
+    """The handlers of ``_SIGNALS`` that are Python functions now, with their
+    signal numbers.
 
     One look at every handler (about a microsecond, C calls only); which of
     them are Python functions is worked out again only when one changed."""
     seen = tuple(map(_signal.getsignal, _SIGNALS))
     if seen != _state.seen:
         _state.python = tuple(
-            signum for signum, handler in zip(_SIGNALS, seen, strict=True) if callable(handler)
+            (signum, handler)
+            for signum, handler in zip(_SIGNALS, seen, strict=True)
+            if callable(handler)
         )
         _state.seen = seen
     return _state.python
@@ -105,20 +108,26 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
 
     Only the outermost block in force swaps handlers: a block inside it
     costs a comparison, and what arrives meanwhile is handled when the
-    outermost one ends (as it would be if the inner block swapped too)."""
+    outermost one ends (as it would be if the inner block swapped too).
+    Elsewhere than in the main thread a block does nothing."""
 
-    __slots__ = ("_active", "_held", "_saved")
-
-    def __init__(self) -> None:
-        self._saved: dict[int, Handler] = {}
-        self._held: list[tuple[int, FrameType | None]] = []
-        self._active = False
+    # No __init__: a block that does nothing allocates nothing.
+    _active = False
+    _saved: dict[int, Handler]
+    _held: list[tuple[int, FrameType | None]]
 
     def __enter__(self) -> held_back:
         if _thread.get_ident() != _main[0] or _state.current is not None:
             return self  # another thread, or inside a block that holds already
+        record = self._record
+        self._held = []
+        saved: dict[int, Handler] = {}
+        self._saved = saved
         try:
-            self._hold()
+            for signum, handler in _python_handlers():
+                if handler != record:
+                    saved[signum] = handler  # before the swap: restored whatever happens
+                    _signal.signal(signum, record)
         except BaseException:
             # A signal handled before its handler was swapped raised here:
             # no handler may stay swapped.
@@ -147,14 +156,6 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self._held.append((signum, frame))
-
-    def _hold(self) -> None:
-        record, saved, getsignal = self._record, self._saved, _signal.getsignal
-        for signum in _python_handlers():
-            handler = getsignal(signum)
-            if callable(handler) and handler != record:
-                saved[signum] = handler  # before the swap: restored whatever happens
-                _signal.signal(signum, record)
 
     def _restore(self) -> None:
         """Put the handlers back, every one of them even if a signal that
