@@ -31,7 +31,7 @@ from pathlock._flow import (
     TakeUp,
     drive,
 )
-from pathlock._records import GrantRequest
+from pathlock._records import Granted, GrantRequest
 from pathlock._store import Store
 from pathlock.errors import LockCancelled, ManagerClosed, PathLockError
 from pathlock.waiting import LocalWakeups, WaitPolicy, Watch
@@ -118,7 +118,7 @@ def acquire(
         with watch:
             try:
                 steps = _Steps(store, request, watch, closed, cancel, take_up_later=take_up_later)
-                return drive(flow.steps(), steps, PathLockError)
+                return _run(flow, steps)
             finally:
                 _leave(store, request, flow.leave(), left_behind)
 
@@ -126,6 +126,23 @@ def acquire(
         return deadlines.within(flow.limit, bounded)
     finally:
         watch.close()  # again, if an interrupt cut the with block's exit short
+
+
+def _run(flow: AcquireFlow, steps: _Steps) -> Result:
+    """Run ``flow``'s steps with ``steps``. The first attempt is made here,
+    before the flow's generator: a request granted at once never drives it
+    (see :meth:`AcquireFlow.attempt`)."""
+    stop = steps.stop()
+    if stop is not None:
+        raise stop
+    first: Any
+    try:
+        first = steps.attempt(flow.attempt())
+    except PathLockError as error:
+        first = error  # the flow decides what it means
+    if isinstance(first, Granted):
+        return flow.granted(first)
+    return drive(flow.steps(first), steps, PathLockError)
 
 
 class _Steps:
@@ -148,17 +165,27 @@ class _Steps:
         self._closed = closed
         self._cancel = cancel
 
-    def __call__(self, step: Step) -> Any:  # noqa: PLR0911, PLR0912 - one per kind of step
+    def attempt(self, step: Attempt) -> Any:
+        return self._store.try_grant(
+            self._request,
+            step.ticket,
+            queue=step.queue,
+            patience=step.patience,
+            deadline=step.deadline,
+            first=step.first,
+        )
+
+    def stop(self) -> PathLockError | None:
+        if self._closed():
+            return ManagerClosed("lock paths")
+        if self._cancel is not None and self._cancel.is_set():
+            return LockCancelled(self._request.paths)
+        return None
+
+    def __call__(self, step: Step) -> Any:  # noqa: PLR0911 - one per kind of step
         store, request = self._store, self._request
         if isinstance(step, Attempt):
-            return store.try_grant(
-                request,
-                step.ticket,
-                queue=step.queue,
-                patience=step.patience,
-                deadline=step.deadline,
-                first=step.first,
-            )
+            return self.attempt(step)
         if isinstance(step, Sleep):
             if self._cancel is None:
                 return self._watch.wait(step.seconds, step.idle)
@@ -194,11 +221,7 @@ class _Steps:
         if isinstance(step, Refresh):
             return self._refresh(step)
         if isinstance(step, Stop):
-            if self._closed():
-                return ManagerClosed("lock paths")
-            if self._cancel is not None and self._cancel.is_set():
-                return LockCancelled(request.paths)
-            return None
+            return self.stop()
         raise TypeError(f"unknown step {step!r}")  # pragma: no cover - a bug
 
     def _refresh(self, step: Refresh) -> bool:

@@ -64,14 +64,6 @@ def _row_type(names: tuple[str, ...]) -> Any:
     return collections.namedtuple("Row", names, rename=True)
 
 
-def _reply(cursor: Any) -> Reply:
-    rows: tuple[Any, ...] = ()
-    if cursor.description:
-        row = _row_type(tuple(column[0] for column in cursor.description))
-        rows = tuple(row._make(values) for values in cursor.fetchall())
-    return Reply(cursor.rowcount, cursor.lastrowid, rows)
-
-
 def supports_batches(connection: Connection) -> bool:
     """Whether ``connection`` takes several statements per query: its
     family's answer (:meth:`Dialect.can_batch
@@ -166,27 +158,26 @@ def run(
     dialect = connection.dialect
     end = "COMMIT" if commit else "ROLLBACK" if rollback else None
     sql, parameters = _compose(dialect, steps, end=end)
-    if not connection.in_transaction():
-        connection.begin()
+    unbegun = _begin(connection, end)
     proxied = connection.connection
-    cursor = proxied.cursor()
     error_class = dialect.loaded_dbapi.Error
+    cursor = proxied.dbapi_connection.cursor()  # type: ignore[union-attr]
     limit = deadlines.current() if commit else None
     if limit is not None:
         limit.commit_unanswered = True
     committing = False  # every statement answered: the COMMIT's reply is next
     try:
         cursor.execute(sql, parameters)
-        replies = [_reply(cursor)]
-        # One result per statement, or the error of the one that failed
-        # (SQLAlchemy's asyncio adapter does not pass nextset()'s answer on).
-        for _ in steps[1:]:
-            cursor.nextset()
-            replies.append(_reply(cursor))
+        replies = _replies(cursor, len(steps))
         if end is not None:
             committing = commit
             cursor.nextset()  # the COMMIT's or ROLLBACK's reply
     except error_class as error:
+        if unbegun:
+            # The server's transaction is open: so is SQLAlchemy's again,
+            # as if begun before the query (its begin sends nothing here),
+            # and the caller's rollback() sends the ROLLBACK.
+            connection.begin()
         lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
         if limit is not None and not lost and not committing:
             limit.commit_unanswered = False  # a statement refused: no COMMIT ran
@@ -200,19 +191,74 @@ def run(
         # be gone by then.
         with contextlib.suppress(error_class):
             cursor.close()
-    if commit:
-        if limit is not None:
-            limit.commit_unanswered = False
-        _ended(connection, connection.commit)
-    elif rollback:
-        _ended(connection, connection.rollback)
+    if limit is not None:
+        limit.commit_unanswered = False
+    if not unbegun:
+        if commit:
+            _ended(connection, connection.commit)
+        elif rollback:
+            _ended(connection, connection.rollback)
+    return replies
+
+
+def _begin(connection: Connection, end: str | None) -> bool:
+    """Begin SQLAlchemy's transaction on ``connection`` for a batch, unless
+    one is under way; whether the batch goes without: one that begins and
+    ends its transaction on the server need not tell SQLAlchemy's connection
+    about it. The connection's begin() and commit() cost a grant more client
+    CPU than anything else around the query, and sent nothing (see
+    :func:`commit_in_batches`). Not where anyone listens for the
+    connection's begin or commit (the asyncio API does, and SQLite)."""
+    if connection.in_transaction():
+        return False
+    if end is not None and not (connection._has_events or connection.engine._has_events):
+        return True
+    connection.begin()
+    return False
+
+
+def _replies(cursor: Any, count: int) -> list[Reply]:
+    """The replies to a batch's ``count`` statements: one result each, or
+    the error of the one that failed (SQLAlchemy's asyncio adapter does not
+    pass nextset()'s answer on)."""
+    replies: list[Reply] = []
+    for number in range(count):
+        if number:
+            cursor.nextset()
+        rows: tuple[Any, ...] = ()
+        if cursor.description:
+            row = _row_type(tuple([column[0] for column in cursor.description]))
+            rows = tuple(map(row._make, cursor.fetchall()))
+        replies.append(Reply(cursor.rowcount, cursor.lastrowid, rows))
     return replies
 
 
 def _compose(
     dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, end: str | None
 ) -> tuple[str, Any]:
-    """The batch's SQL and its parameters, in the dialect's paramstyle."""
+    """The batch's SQL and its parameters, in the dialect's paramstyle: from
+    a plan made once per dialect, sequence of statements and shape
+    (:class:`_Batch`), or else statement by statement (:func:`_composed`)."""
+    key = (dialect, end, tuple([statement for statement, _ in steps]))
+    if key in _LAYOUTS:
+        layout = _LAYOUTS[key]
+    else:
+        layout = _LAYOUTS[key] = _layout(dialect, steps)
+    if layout is None:
+        return _composed(dialect, steps, end=end)
+    shape_key = (key, layout.shape(steps))
+    planned = _BATCHES.get(shape_key)
+    if planned is None:
+        if len(_BATCHES) >= _PLANS_KEPT:
+            _BATCHES.clear()
+        planned = _BATCHES[shape_key] = _batch_plan(dialect, steps, end=end)
+    return planned.sql, planned.parameters(steps)
+
+
+def _composed(
+    dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, end: str | None
+) -> tuple[str, Any]:
+    """:func:`_compose`, statement by statement."""
     parts: list[str] = []
     named: dict[str, Any] = {}
     positional: list[Any] = []  # for a positional paramstyle (%s): in order
@@ -233,6 +279,107 @@ def _compose(
     if end is not None:
         parts.append(end)
     return ";\n".join(parts), tuple(positional) if dialect.positional else named
+
+
+class _Layout(NamedTuple):
+    """What a sequence of statements needs to find its batch's plan: the
+    shape of the values given (the length of each list a statement expands),
+    as a function of the steps."""
+
+    shape: Callable[[Sequence[tuple[Executable, dict[str, Any]]]], tuple[int, ...]]
+
+
+class _Batch(NamedTuple):
+    """A batch planned once per dialect, sequence of statements and shape:
+    its SQL, and a function of the steps that returns the driver's
+    parameters (what :func:`_composed` would return, without a loop over
+    statements and names on every call)."""
+
+    sql: str
+    parameters: Callable[[Sequence[tuple[Executable, dict[str, Any]]]], Any]
+
+
+# Per (dialect, end, statements): the layout; None: composed statement by
+# statement (a statement whose values are written into its SQL).
+_LAYOUTS: dict[tuple[Any, ...], _Layout | None] = {}
+_BATCHES: dict[tuple[Any, ...], _Batch] = {}
+
+
+def _layout(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> _Layout | None:
+    lengths: list[str] = []
+    for index, (statement, _values) in enumerate(steps):
+        compiled = _compiled(statement, dialect)
+        if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only
+            raise TypeError(f"cannot batch {type(statement).__name__}")
+        expanding = _expanding(compiled)
+        if expanding is None:
+            return None
+        lengths.extend(f"len(steps[{index}][1][{name!r}])" for name in expanding)
+    # Generated once per sequence of statements, from their own names.
+    shape = _generated("steps", f"({''.join(length + ', ' for length in lengths)})", {})
+    return _Layout(shape)
+
+
+def _batch_plan(
+    dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, end: str | None
+) -> _Batch:
+    """The plan of a batch of ``steps``' statements and shape: each
+    statement's plan (:func:`_plan`), and one function that reads every
+    parameter from the steps' values as :func:`expand` would, and checks
+    that parameters of one name have one value, as :func:`_composed` does."""
+    parts: list[str] = []
+    outs: list[tuple[str, str]] = []  # (driver's name, expression)
+    namespace: dict[str, Any] = {"_differs": _differs}
+    for number, (statement, values) in enumerate(steps):
+        compiled = _compiled(statement, dialect)
+        assert isinstance(compiled, SQLCompiler)  # noqa: S101 - checked by _layout
+        plan = _plan(compiled, values)
+        parts.append(plan.sql)
+        given = f"steps[{number}][1]"
+        for out, (name, index) in zip(plan.outs, plan.sources, strict=True):
+            if index == _VALUE:
+                expression = f"{given}[{name!r}]"
+            elif index >= 0:
+                expression = f"{given}[{name!r}][{index}]"
+            else:
+                default = f"_default{len(namespace)}"
+                namespace[default] = plan.defaults[name]
+                expression = f"{given}.get({name!r}, {default})"
+            outs.append((out, expression))
+    if end is not None:
+        parts.append(end)
+    if dialect.positional:
+        body = f"({''.join(expression + ', ' for _out, expression in outs)})"
+        return _Batch(";\n".join(parts), _generated("steps", body, namespace))
+    first: dict[str, str] = {}
+    checks: list[str] = []
+    for out, expression in outs:
+        if out not in first:
+            first[out] = expression
+        else:
+            checks.append(f"    if {expression} != named[{out!r}]:\n        _differs({out!r})\n")
+    entries = "".join(f"{out!r}: {expression}, " for out, expression in first.items())
+    lines = f"    named = {{{entries}}}\n{''.join(checks)}    return named\n"
+    return _Batch(";\n".join(parts), _generated("steps", lines, namespace, body=True))
+
+
+def _generated(
+    argument: str, code: str, namespace: dict[str, Any], *, body: bool = False
+) -> Callable[[Any], Any]:
+    """A function of ``argument`` that returns the expression ``code`` (or
+    runs the function body ``code``). Written out once per plan, from the
+    statements' parameter names (quoted with ``repr``): reading some twenty
+    parameters through a loop of Python calls cost a batch more client CPU
+    than its composition otherwise does. (SQLAlchemy generates its row
+    processors the same way.)"""
+    source = f"def generated({argument}):\n{code if body else f'    return {code}'}\n"
+    exec(compile(source, "<pathlock batch plan>", "exec"), namespace)  # noqa: S102
+    function: Callable[[Any], Any] = namespace.pop("generated")
+    return function
+
+
+def _differs(name: str) -> None:
+    raise ValueError(f"parameter {name!r} differs between batched statements")
 
 
 class _Plan(NamedTuple):

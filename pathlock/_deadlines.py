@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar, copy_context
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pymysql.connections
 from sqlalchemy.pool import AsyncAdaptedQueuePool, Pool, QueuePool
@@ -79,7 +79,8 @@ def within(ends: float, function: Callable[[Limit], T]) -> T:
 
 
 def _run_within(ends: float, function: Callable[[Limit], T]) -> T:
-    inner = _nested(ends)
+    outer = _current.get()  # as _nested(), without the call
+    inner = Limit(ends if outer is None or ends < outer.ends else outer.ends, outer=outer)
     _current.set(inner)  # in the copied context: nothing to reset
     return function(inner)
 
@@ -145,6 +146,35 @@ def time_left(configured: float | None) -> float | None:
     return left if configured is None or left < configured else configured
 
 
+class _TimeLeft:
+    """A timeout attribute of :class:`BoundedConnection`: set, the configured
+    timeout; read, :func:`time_left` of it, computed here (PyMySQL reads it
+    before every packet, up to three times: a property calling time_left()
+    was two Python calls each time, a dozen reads per grant and release)."""
+
+    __slots__ = ("_configured",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._configured = f"_configured{name}"
+
+    def __get__(self, connection: object, owner: type | None = None) -> Any:
+        if connection is None:
+            return self  # the class's attribute
+        configured: float | None = connection.__dict__.get(self._configured)
+        current = _current.get()
+        if current is None:
+            return configured
+        ends = current.ends
+        if ends == math.inf:
+            return configured
+        left = -((_monotonic() - ends) * 100 // 1) / 100  # see time_left()
+        left = max(SHORTEST_WAIT, left)  # no max(): a call
+        return left if configured is None or left < configured else configured
+
+    def __set__(self, connection: object, value: float | None) -> None:
+        connection.__dict__[self._configured] = value
+
+
 class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
     """A PyMySQL connection whose connect, read and write timeouts are the
     configured ones, shortened to the time left under :func:`limit`, and which
@@ -155,33 +185,9 @@ class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
     ``_write_timeout`` (read before every packet since PyMySQL 0.7) and its
     public ``connect_timeout``."""
 
-    _configured_read: float | None = None
-    _configured_write: float | None = None
-    _configured_connect: float | None = None
-
-    @property
-    def _read_timeout(self) -> float | None:
-        return time_left(self._configured_read)
-
-    @_read_timeout.setter
-    def _read_timeout(self, value: float | None) -> None:
-        self._configured_read = value
-
-    @property
-    def _write_timeout(self) -> float | None:
-        return time_left(self._configured_write)
-
-    @_write_timeout.setter
-    def _write_timeout(self, value: float | None) -> None:
-        self._configured_write = value
-
-    @property
-    def connect_timeout(self) -> float | None:
-        return time_left(self._configured_connect)
-
-    @connect_timeout.setter
-    def connect_timeout(self, value: float | None) -> None:
-        self._configured_connect = value
+    _read_timeout = _TimeLeft()
+    _write_timeout = _TimeLeft()
+    connect_timeout = _TimeLeft()
 
     def commit(self) -> None:
         current = _current.get()

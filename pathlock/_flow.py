@@ -241,6 +241,8 @@ class AcquireFlow:
         """Everything, the database's waits included, ends by then."""
         self.ticket: int | None = None
         """The request's place in the queue, while it has one."""
+        # When the last attempt started, by the monotonic and lease clocks.
+        self._started = self._lease_clock = 0.0
         self._last: Blocked | None = None
         self._attempted = False  # set once an attempt has gone out
         self._refresh_due = math.inf
@@ -260,42 +262,53 @@ class AcquireFlow:
         ticket, self.ticket = self.ticket, None
         return ticket
 
-    def steps(self) -> Generator[Step, Any, Result]:
-        """The request's steps; returns its :data:`Result`."""
+    def steps(self, first: Any = None) -> Generator[Step, Any, Result]:
+        """The request's steps; returns its :data:`Result`. ``first``: the
+        outcome of an attempt made already (:meth:`attempt`, after a
+        :class:`Stop` that said go on), or the error it failed with: the
+        steps go on from there."""
         try:
-            return (yield from self._attempts())
+            return (yield from self._attempts(first))
         except DatabaseTimeout as error:
             if not self._blocking or self._wait_limit is None:
                 raise
             raise self._timeout(unanswered=True) from error
 
-    def _attempts(self) -> Generator[Step, Any, Result]:
+    def attempt(self) -> Attempt:
+        """The next attempt, to make now (the steps make theirs with it). A
+        driver may make the first one before it runs :meth:`steps`, and skip
+        them when it is granted (:meth:`granted`): a generator driven step by
+        step costs a grant that succeeds at once more than its decisions."""
+        clock = self._clock
+        started = self._started = clock.monotonic()
+        # The lease's clock, for its deadline (it counts suspend).
+        self._lease_clock = clock.now()
+        # Queue only a request that will wait: one attempt that is
+        # denied costs no queue row.
+        queue = self._blocking and started < self.deadline
+        try_patience = started + self._settings.try_patience
+        patience = self.deadline if self._blocking else try_patience
+        attempt = Attempt(
+            self.ticket, queue, patience, self._by(self.ends), first=not self._attempted
+        )
+        self._attempted = True
+        return attempt
+
+    def granted(self, outcome: Granted) -> Result:
+        """The request's :data:`Result` when the attempt just made granted it."""
+        self.ticket = None  # the grant removed the queue row
+        return outcome.fencing_token, self._lease_clock, None
+
+    def _attempts(self, first: Any) -> Generator[Step, Any, Result]:
         clock = self._clock
         while True:
-            stop: PathLockError | None = yield Stop()
-            if stop is not None:
-                raise stop
-            started = clock.monotonic()
-            # The lease's clock, for its deadline (it counts suspend).
-            lease_clock = clock.now()
-            # Queue only a request that will wait: one attempt that is
-            # denied costs no queue row.
-            queue = self._blocking and started < self.deadline
-            try_patience = started + self._settings.try_patience
-            patience = self.deadline if self._blocking else try_patience
-            attempt = Attempt(
-                self.ticket, queue, patience, self._by(self.ends), first=not self._attempted
-            )
-            self._attempted = True
-            try:
-                outcome = yield attempt
-            except ContentionTimeout:
-                if not self._blocking:
-                    raise
-                raise self._timeout(contended=True) from None
+            if first is None:
+                outcome = yield from self._attempt()
+            else:
+                outcome, first = self._made(first), None
+            started = self._started
             if isinstance(outcome, Granted):
-                self.ticket = None  # the grant removed the queue row
-                return outcome.fencing_token, lease_clock, None
+                return self.granted(outcome)
             if not self._blocking:
                 return None  # a try-lock only reports the conflict
             if isinstance(outcome, Deadlocked):
@@ -308,6 +321,30 @@ class AcquireFlow:
             handed = yield from self._wait(outcome.version, started)
             if handed is not None:
                 return handed
+
+    def _attempt(self) -> Generator[Step, Any, Granted | Blocked | Deadlocked]:
+        """The next attempt, unless the request must stop first; its outcome."""
+        stop: PathLockError | None = yield Stop()
+        if stop is not None:
+            raise stop
+        try:
+            outcome: Granted | Blocked | Deadlocked = yield self.attempt()
+        except ContentionTimeout:
+            if not self._blocking:
+                raise
+            raise self._timeout(contended=True) from None
+        return outcome
+
+    def _made(self, first: Any) -> Granted | Blocked | Deadlocked:
+        """The outcome of an attempt the driver made before the steps (see
+        :meth:`steps`): an error it failed with is raised as :meth:`_attempt`
+        would."""
+        if isinstance(first, ContentionTimeout) and self._blocking:
+            raise self._timeout(contended=True) from None
+        if isinstance(first, BaseException):
+            raise first
+        outcome: Granted | Blocked | Deadlocked = first
+        return outcome
 
     def _timeout(self, *, unanswered: bool = False, contended: bool = False) -> LockTimeout:
         last = self._last

@@ -53,45 +53,88 @@ _SIGNALS = tuple(
 
 Handler = Callable[[int, FrameType | None], Any]
 
-_local = threading.local()
-
 # The main thread's id, read on every use of held_back (threading's
 # current_thread() and main_thread() are Python calls). After a fork the
 # thread that forked is the child's main thread.
 _main = [threading.main_thread().ident]
 
 
+class _State:
+    """The main thread's held_back blocks (only the main thread runs signal
+    handlers, so only it ever holds one), and the last look at the handlers."""
+
+    current: held_back | None = None
+    """The outermost block in force (the one that swapped the handlers);
+    ``None``: signals are not held back."""
+    seen: tuple[object, ...] = ()
+    """The handlers of ``_SIGNALS`` at the last look."""
+    python: tuple[tuple[int, Handler], ...] = ()
+    """Those of them that are Python functions, with their signal numbers."""
+
+
+_state = _State()
+
+
 def _forked() -> None:
     _main[0] = _thread.get_ident()
+    # The parent's main thread may have been inside a block: not this one.
+    _state.current = None
 
 
 os.register_at_fork(after_in_child=_forked)
 
 
+def _python_handlers() -> tuple[tuple[int, Handler], ...]:
+    """The handlers of ``_SIGNALS`` that are Python functions now, with their
+    signal numbers.
+
+    One look at every handler (about a microsecond, C calls only); which of
+    them are Python functions is worked out again only when one changed."""
+    seen = tuple(map(_signal.getsignal, _SIGNALS))
+    if seen != _state.seen:
+        _state.python = tuple(
+            (signum, handler)
+            for signum, handler in zip(_SIGNALS, seen, strict=True)
+            if callable(handler)
+        )
+        _state.seen = seen
+    return _state.python
+
+
 class held_back:  # noqa: N801 - used like a function: ``with held_back():``
     """Within the block, in the main thread, the signals of ``_SIGNALS``
     whose handlers are Python functions are recorded instead of handled, and
-    handled (in arrival order) when it ends."""
+    handled (in arrival order) when it ends.
 
-    __slots__ = ("_held", "_outer", "_saved")
+    Only the outermost block in force swaps handlers: a block inside it
+    costs a comparison, and what arrives meanwhile is handled when the
+    outermost one ends (as it would be if the inner block swapped too).
+    Elsewhere than in the main thread a block does nothing."""
 
-    def __init__(self) -> None:
-        self._saved: dict[int, Handler] = {}
-        self._held: list[tuple[int, FrameType | None]] = []
-        self._outer: held_back | None = None
+    # No __init__: a block that does nothing allocates nothing.
+    _active = False
+    _saved: dict[int, Handler]
+    _held: list[tuple[int, FrameType | None]]
 
     def __enter__(self) -> held_back:
-        if _thread.get_ident() != _main[0]:
-            return self
-        self._outer = getattr(_local, "current", None)
+        if _thread.get_ident() != _main[0] or _state.current is not None:
+            return self  # another thread, or inside a block that holds already
+        record = self._record
+        self._held = []
+        saved: dict[int, Handler] = {}
+        self._saved = saved
         try:
-            self._hold()
+            for signum, handler in _python_handlers():
+                if handler != record:
+                    saved[signum] = handler  # before the swap: restored whatever happens
+                    _signal.signal(signum, record)
         except BaseException:
             # A signal handled before its handler was swapped raised here:
             # no handler may stay swapped.
             self._restore()
             raise
-        _local.current = self
+        self._active = True
+        _state.current = self
         return self
 
     def __exit__(
@@ -100,9 +143,10 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
         _error: BaseException | None,
         _traceback: TracebackType | None,
     ) -> None:
-        if _thread.get_ident() != _main[0]:
+        if not self._active:
             return
-        _local.current = self._outer
+        self._active = False
+        _state.current = None
         self._restore()
         held, self._held = self._held, []
         for signum, frame in held:
@@ -112,14 +156,6 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self._held.append((signum, frame))
-
-    def _hold(self) -> None:
-        record, saved, getsignal = self._record, self._saved, _signal.getsignal
-        for signum in _SIGNALS:
-            handler = getsignal(signum)
-            if callable(handler) and handler != record:
-                saved[signum] = handler  # before the swap: restored whatever happens
-                _signal.signal(signum, record)
 
     def _restore(self) -> None:
         """Put the handlers back, every one of them even if a signal that
@@ -141,22 +177,14 @@ def let_through() -> Iterator[None]:
     """Within :class:`held_back`, let signals be handled again for the block:
     for a wait on the network, which a Ctrl-C must be able to end. Signals
     held back so far are handled first."""
-    blocks: list[held_back] = []  # innermost first
-    current: held_back | None = getattr(_local, "current", None)
-    while current is not None:
-        blocks.append(current)
-        current = current._outer
-    if not blocks or _thread.get_ident() != _main[0]:
+    block = _state.current
+    if block is None or _thread.get_ident() != _main[0]:
         yield
         return
-    left: list[held_back] = []
     try:
-        for block in blocks:
-            left.append(block)  # first: its __exit__ may raise a held-back signal
-            block.__exit__(None, None, None)
+        block.__exit__(None, None, None)  # may raise a held-back signal
         yield
     finally:
         # On the way out of an interrupted connect, too: the pool's clean-up
-        # (and the held_back blocks' ends) follow.
-        for block in reversed(left):
-            block.__enter__()
+        # (and the held_back block's end) follow.
+        block.__enter__()

@@ -48,6 +48,7 @@ class _Tries:
         self.failed: list[Node] = []
         self.kept: list[Node] = []  # nodes kept after a timeout (see _failed_over)
         self.failures = self.contention = 0
+        self.number = 0  # tries so far
         self.unanswered = False  # the last attempt's COMMIT got no reply
         self.last: DBAPIError | None = None
 
@@ -259,6 +260,21 @@ class Transactions:
         SQLite does not take the write lock (see :mod:`pathlock.dialects.sqlite`)."""
 
         runner = self.runner
+        tries = _Tries(action, deadline, patience, self.settings)
+        # The first try without the generator of retries(): most operations
+        # succeed at once, and a generator driven step by step costs them
+        # more than the decisions it makes. A failure goes on in it, at the
+        # point where retries() would be (one algorithm, two entries).
+        first = self._next_try(tries, customer_id)
+        try:
+            result: T
+            result, tries.unanswered = runner.attempt(
+                first.node, operation, first.number, first.ends, read_only=read_only
+            )
+        except AttemptFailed as error:
+            failure = error
+        else:
+            return result
 
         def run(step: RetryStep) -> Any:
             if isinstance(step, Try):
@@ -273,8 +289,8 @@ class Transactions:
                 self.router.set_aside(step.node, step.error)
             return None
 
-        steps = self.retries(action, customer_id=customer_id, deadline=deadline, patience=patience)
-        result: T = drive(steps, run, AttemptFailed)
+        steps = self._retrying(tries, customer_id, (first, failure))
+        result = drive(steps, run, AttemptFailed)
         return result
 
     def retries(
@@ -294,43 +310,71 @@ class Transactions:
         that succeeded; raises what :meth:`run` raises. A driver (the sync one
         is :meth:`run`) carries the steps out."""
         tries = _Tries(action, deadline, patience, self.settings)
-        number = 0
+        return (yield from self._retrying(tries, customer_id, None))
+
+    def _next_try(self, tries: _Tries, customer_id: int | None) -> Try:
+        """The next try: which node, by when; raises :class:`DatabaseTimeout`
+        when none may start."""
+        ends = tries.next_ends()
+        tries.number += 1
+        node = self.router.pick(customer_id, tries.failed)
+        if len(tries.failed) < len(self.router.nodes) - 1 and node not in tries.kept:
+            # Another node is left to try: this one gets half the time
+            # left, so that a node that hangs is passed over in time.
+            now = time.monotonic()
+            ends = now + (ends - now) / 2
+        return Try(node, tries.number, ends)
+
+    def _retrying(
+        self,
+        tries: _Tries,
+        customer_id: int | None,
+        failed_try: tuple[Try, AttemptFailed] | None,
+    ) -> Generator[RetryStep, Any, Any]:
+        """:meth:`retries` from ``tries`` on; ``failed_try``: a try made
+        already, and how it failed."""
         while True:
-            ends = tries.next_ends()
-            number += 1
-            node = self.router.pick(customer_id, tries.failed)
-            if len(tries.failed) < len(self.router.nodes) - 1 and node not in tries.kept:
-                # Another node is left to try: this one gets half the time
-                # left, so that a node that hangs is passed over in time.
-                now = time.monotonic()
-                ends = now + (ends - now) / 2
-            try:
-                result, tries.unanswered = yield Try(node, number, ends)
-            except AttemptFailed as failed:
-                tries.unanswered = failed.unanswered
-                error = failed.error
-                if isinstance(error, PoolTimeout):
-                    # The wait for a connection ends with the call's time
-                    # (pathlock._deadlines.bounded_pool), or the pool's own.
-                    raise DatabaseTimeout(
-                        action,
-                        error,
-                        "every connection of the pool was in use: other calls wait for the"
-                        " database; a bigger pool (engine_options pool_size, max_overflow)"
-                        " helps if they are many and the database keeps up",
-                    ) from error
-                if not isinstance(error, DBAPIError):
-                    raise BackendError(action, error) from error
-                if not self.dialect.is_transient(error):
-                    raise BackendError(action, error, self._hint(error)) from error
-                tries.last = error
-                if (yield from self._failed_over(tries, node, error)):
-                    continue  # the next node, at once
-                yield Pause(self._retry_delay(tries, node, error))
-            else:
-                if tries.contention > self.max_attempts:
-                    log.warning("%s: done after %d lost races", action, tries.contention)
-                return result
+            if failed_try is None:
+                step = self._next_try(tries, customer_id)
+                try:
+                    result, tries.unanswered = yield step
+                except AttemptFailed as error:
+                    failed_try = (step, error)
+                else:
+                    if tries.contention > self.max_attempts:
+                        log.warning("%s: done after %d lost races", tries.action, tries.contention)
+                    return result
+            if failed_try is not None:
+                tried, failure = failed_try
+                failed_try = None
+                yield from self._after_failure(tries, tried.node, failure)
+
+    def _after_failure(
+        self, tries: _Tries, node: Node, failed: AttemptFailed
+    ) -> Generator[RetryStep, Any, None]:
+        """What follows a try on ``node`` that failed: raises if it is not
+        to be retried; returns when the next try may start."""
+        action = tries.action
+        tries.unanswered = failed.unanswered
+        error = failed.error
+        if isinstance(error, PoolTimeout):
+            # The wait for a connection ends with the call's time
+            # (pathlock._deadlines.bounded_pool), or the pool's own.
+            raise DatabaseTimeout(
+                action,
+                error,
+                "every connection of the pool was in use: other calls wait for the"
+                " database; a bigger pool (engine_options pool_size, max_overflow)"
+                " helps if they are many and the database keeps up",
+            ) from error
+        if not isinstance(error, DBAPIError):
+            raise BackendError(action, error) from error
+        if not self.dialect.is_transient(error):
+            raise BackendError(action, error, self._hint(error)) from error
+        tries.last = error
+        if (yield from self._failed_over(tries, node, error)):
+            return  # the next node, at once
+        yield Pause(self._retry_delay(tries, node, error))
 
     def once(
         self, operation: Callable[[Connection, int], T], *, seconds: float

@@ -755,15 +755,14 @@ class PathLockManager:
             # Forked without os.fork()'s hooks (from C, say): catch up now.
             self._after_fork()
 
-    @contextlib.contextmanager
-    def _call(self, action: str | None) -> Iterator[None]:
-        """One call that may use the database; ``action`` names it for
-        :class:`ManagerClosed` (``None``: allowed after close, such as the
-        release of a lease that close() releases anyway)."""
+    def _call(self, action: str | None) -> contextlib.AbstractContextManager[None]:
+        """One call that may use the database, counted while its block runs;
+        ``action`` names it for :class:`ManagerClosed` (``None``: allowed
+        after close, such as the release of a lease that close() releases
+        anyway)."""
         if action is not None:
             self._check_open(action)
-        with self._calls.running():
-            yield
+        return self._calls.running()
 
     def _owner(self, name: object) -> Owner:
         return owners.current(self._identity, self.node_id, name)
@@ -1213,33 +1212,50 @@ class _Calls:
     close() can let them finish before it disposes the engine."""
 
     def __init__(self) -> None:
+        # Each running call by a token of its own. Adding one and discarding
+        # one are single operations of a C set, which a signal handler's
+        # exception (raised between bytecodes) cannot cut in half, and which
+        # take no lock it could leave held (CPython issue 29988): counting a
+        # call needs no interrupts held back, which cost more than the rest
+        # of the counting. The condition is only for close() to wait on.
+        self._running: set[object] = set()
         self._condition = threading.Condition()
-        self._count = 0
+        self._waiting = 0  # wait_idle() calls under way
+
+    @property
+    def _count(self) -> int:
+        return len(self._running)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        # Interrupts held back while the condition's lock is taken: one that
-        # raised between Condition.__enter__ taking the lock and the block
-        # (Python code, CPython issue 29988) left it held, and every later
-        # call of every thread hung here (found by the hostile stress run).
-        # A signal held back raises as the block ends: by then the count is
-        # up, and the finally clause takes it down again.
-        counted = False
+        token = object()
         try:
-            with interrupts.held_back(), self._condition:
-                self._count += 1
-                counted = True
+            # In the try: an interrupt right after the token is added still
+            # takes it away again. (One that ends __enter__ after this yield
+            # does too, as the generator is finalized.)
+            self._running.add(token)
             yield
         finally:
-            if counted:
-                with interrupts.held_back(), self._condition:
-                    self._count -= 1
-                    if not self._count:
-                        self._condition.notify_all()
+            self._running.discard(token)
+            if self._waiting:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Tell wait_idle() a call ended (only while one waits)."""
+        # Interrupts held back while the condition's lock is taken (see
+        # pathlock._interrupts).
+        with interrupts.held_back(), self._condition:
+            self._condition.notify_all()
 
     def wait_idle(self, timeout: float) -> None:
         """Wait until no call is running, at most ``timeout`` seconds and
         never past the limit in force (close()'s bound)."""
         timeout = deadlines.capped(timeout)
         with self._condition:
-            self._condition.wait_for(lambda: not self._count, timeout)
+            # Counted before the look: a call that ends after it sees the
+            # count and wakes this one (see running()).
+            self._waiting += 1
+            try:
+                self._condition.wait_for(lambda: not self._running, timeout)
+            finally:
+                self._waiting -= 1

@@ -33,6 +33,7 @@ from pathlock import (
     Settings,
     waiting,
 )
+from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock.dialects.base import ServerSession
 from pathlock.schema import path_lock_waiters, path_locks
@@ -297,25 +298,43 @@ def test_a_child_forked_while_a_thread_held_the_dropped_sessions_lock_can_lock(
 
 class _Interrupt:
     """Raises KeyboardInterrupt once, right after (or before) a COMMIT reaches
-    the server: the moment at which a grant's outcome is in doubt."""
+    the server: the moment at which a grant's outcome is in doubt. A COMMIT
+    sent on its own goes through the dialect's do_commit; one at the end of
+    a batch (a release's, a grant in one round trip) goes with the batch,
+    whose engine's transaction SQLAlchemy may never hear of."""
 
     def __init__(self, manager: PathLockManager, *, after: bool) -> None:
         self._dialect = manager.engine.dialect
         self._original = self._dialect.do_commit
+        self._run_batch = batch.run
         self._after = after
+        self._monkeypatch = pytest.MonkeyPatch()
+
+    def _fired(self) -> None:
+        self._dialect.do_commit = self._original  # type: ignore[method-assign]
+        self._monkeypatch.undo()
 
     def __enter__(self) -> _Interrupt:
         def do_commit(dbapi_connection: Any) -> None:
-            self._dialect.do_commit = self._original  # type: ignore[method-assign]
+            self._fired()
             if self._after:
                 self._original(dbapi_connection)
             raise KeyboardInterrupt
 
+        def run_batch(*args: Any, commit: bool = False, **kwargs: Any) -> Any:
+            if not commit:
+                return self._run_batch(*args, commit=commit, **kwargs)
+            self._fired()
+            if self._after:
+                self._run_batch(*args, commit=commit, **kwargs)
+            raise KeyboardInterrupt
+
         self._dialect.do_commit = do_commit  # type: ignore[method-assign]
+        self._monkeypatch.setattr(batch, "run", run_batch)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._dialect.do_commit = self._original  # type: ignore[method-assign]
+        self._fired()
 
 
 def test_an_interrupt_right_after_the_grants_commit_leaves_nothing(
@@ -390,28 +409,26 @@ def test_an_interrupt_after_the_grant_returned_leaves_the_owner_free_to_ask_agai
     monkeypatch: pytest.MonkeyPatch,
     call: str,
 ) -> None:
-    """A signal that arrives while the granted call counts itself out is held
-    back there and raised as the call returns: after the grant, before the
-    Lease reaches the caller. Its lease stayed registered and renewed, and
-    the same thread's next request failed as a deadlock with itself (2 of 250
-    rounds with random SIGALRMs); the caller never had the lease to release."""
-    target = manager._calls._condition
-    original = threading.Condition.__enter__
+    """A signal that arrives as the granted call counts itself out raises as
+    the call returns: after the grant, before the Lease reaches the caller.
+    Its lease stayed registered and renewed, and the same thread's next
+    request failed as a deadlock with itself (2 of 250 rounds with random
+    SIGALRMs); the caller never had the lease to release."""
     entered = [0]
 
-    def enter(self: threading.Condition) -> bool:
-        taken = original(self)
-        if self is target and threading.current_thread() is threading.main_thread():
-            entered[0] += 1
-            if entered[0] == 2:  # counting the call out: the grant is done
-                os.kill(os.getpid(), signal.SIGINT)  # held back until the count is down
-        return taken
+    class Counted(set[object]):
+        def discard(self, token: object) -> None:
+            super().discard(token)
+            if threading.current_thread() is threading.main_thread():
+                entered[0] += 1
+                if entered[0] == 1:  # counting the call out: the grant is done
+                    os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
 
-    monkeypatch.setattr(threading.Condition, "__enter__", enter)
+    monkeypatch.setattr(manager._calls, "_running", Counted())
     with pytest.raises(KeyboardInterrupt):
         getattr(locks, call)("/Shared/a")
     monkeypatch.undo()
-    assert entered[0] >= 2
+    assert entered[0] >= 1
     with locks.lock_paths("/Shared/a", timeout=5) as lease:  # not DeadlockDetected
         lease.ensure_held()
     assert locks.release_locks() == 0
@@ -680,28 +697,29 @@ def test_an_interrupt_as_a_call_is_counted_leaves_the_manager_usable(
     # Condition.__enter__ is Python code: a KeyboardInterrupt right after it
     # took the lock left the lock of the manager's call counter held, and
     # every later call of every thread hung (found by the hostile stress run).
+    # The count takes no lock now; an interrupt right after a call is counted
+    # must still count it out again.
     with PathLockManager(f"sqlite:///{tmp_path / 'locks.sqlite3'}", heartbeat=False) as manager:
-        target = manager._calls._condition
-        original = threading.Condition.__enter__
         armed = [True]
 
-        def enter(self: threading.Condition) -> bool:
-            taken = original(self)
-            main = threading.current_thread() is threading.main_thread()
-            if self is target and armed[0] and main:
-                armed[0] = False
-                os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
-            return taken
+        class Counted(set[object]):
+            def add(self, token: object) -> None:
+                super().add(token)
+                main = threading.current_thread() is threading.main_thread()
+                if armed[0] and main:
+                    armed[0] = False
+                    os.kill(os.getpid(), signal.SIGINT)  # raises at the next bytecode
 
-        monkeypatch.setattr(threading.Condition, "__enter__", enter)
+        monkeypatch.setattr(manager._calls, "_running", Counted())
         with pytest.raises(KeyboardInterrupt):
             manager.list_locks()
-        monkeypatch.undo()
         assert not armed[0]
+        assert manager._calls._count == 0
         listed: list[object] = []
         other = threading.Thread(target=lambda: listed.append(manager.list_locks()), daemon=True)
         other.start()
         other.join(10)
-        assert not other.is_alive(), "the call counter's lock was left held"
+        assert not other.is_alive(), "the call counter was left counting"
         assert listed == [[]]
+        monkeypatch.undo()
         assert manager._calls._count == 0

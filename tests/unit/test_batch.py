@@ -118,3 +118,44 @@ def test_a_missing_value_is_an_error_as_before() -> None:
     batch.expand(compiled, {"c_id": 1, "l_id": "x"})  # planned
     with pytest.raises(KeyError):
         batch.expand(compiled, {"c_id": 1})
+
+
+@pytest.mark.parametrize("dialect", DIALECTS.values(), ids=DIALECTS.keys())
+def test_a_batch_composes_as_its_statements_one_by_one(dialect: Dialect) -> None:
+    """A batch's SQL and parameters come from a plan made once per sequence
+    of statements and shape: the same as composing it statement by
+    statement, for requests of every shape, twice each (the second from the
+    plan), with other values each time."""
+    owner = Owner("node", 1, "t", "key")
+    for exclusive, shared in REQUESTS * 2:
+        for prefix, ticket in (("", NO_TICKET), ("/other", 12)):
+            paths = normalize_request(
+                [prefix + path for path in exclusive], [prefix + path for path in shared]
+            )
+            request = GrantRequest(7, "f" * 32, paths, owner, prefix, 30.0)
+            values = grant_parameters(request) | {"w_ticket": ticket, "c_case": False}
+            form = shape(paths)
+            steps: list[tuple[Executable, dict[str, Any]]] = [
+                (statements.SET_GRANT_UNTIL, {"until_us": len(prefix)}),
+                (statements.LOCK_SENTINEL, {"c_id": 7}),
+                (grant_statement(form, queued=True, sentinel_after=True), values),
+                (statements.CLAIM_IF_GRANTED, {"c_id": 7, "c_case": False}),
+                (blockers_query(form), values),
+                (statements.LIVE_WAITERS, {"c_id": 7}),
+            ]
+            for end in (None, "COMMIT"):
+                expected = batch._composed(dialect, steps, end=end)
+                assert batch._compose(dialect, steps, end=end) == expected
+
+
+def test_a_parameter_of_two_values_in_one_batch_is_refused() -> None:
+    dialect = DIALECTS["pymysql"]
+    steps: list[tuple[Executable, dict[str, Any]]] = [
+        (statements.LOCK_SENTINEL, {"c_id": 7}),
+        (statements.RELEASE, {"c_id": 7, "l_id": "x"}),
+    ]
+    batch._compose(dialect, steps, end=None)  # planned
+    with pytest.raises(ValueError, match="c_id"):
+        batch._compose(
+            dialect, [steps[0], (statements.RELEASE, {"c_id": 8, "l_id": "x"})], end=None
+        )

@@ -617,3 +617,55 @@ def test_without_a_timeout_the_calls_keep_their_own_bounds() -> None:
     run.clock.time += 0.01
     run.reply(False)
     assert run.reply(False) == ReadVersion(None, held=("lease-0",))
+
+
+# -- a first attempt made before the steps (the driver's entry) ------------------
+
+
+def _first_made(outcome_or_error: object, **options: Any) -> Run:
+    """A run whose driver made the first attempt before the steps, as
+    pathlock._acquire does, and gave the steps its outcome or error."""
+    run = Run(**options)
+    run.flow = AcquireFlow(
+        REQUEST,
+        run.settings,
+        run.delays,
+        blocking=options.get("blocking", True),
+        wait_limit=options.get("wait_limit", 10.0),
+    )
+    run.attempt = run.flow.attempt()  # type: ignore[attr-defined]
+    run.steps = run.flow.steps(outcome_or_error)
+    return run
+
+
+def test_a_first_attempt_made_by_the_driver_is_the_steps_first() -> None:
+    run = Run()
+    made = _first_made(None)
+    assert made.attempt == run.reply(None)  # type: ignore[attr-defined]
+    assert made.flow.granted(Granted(42)) == (42, 6000.0, None)
+    assert made.flow.leave() is None
+
+
+def test_the_steps_go_on_from_a_first_attempt_that_was_denied() -> None:
+    made = _first_made(blocked(5, version=1))
+    assert next(made.steps) == Place(5, (), new=True)
+    assert made.flow.ticket == 5
+    assert isinstance(made.reply(), Sleep)
+    # A try-lock that was denied only reports it.
+    made = _first_made(blocked(None, 1), blocking=False, wait_limit=0.0)
+    with pytest.raises(StopIteration) as done:
+        next(made.steps)
+    assert done.value.value is None
+
+
+def test_a_first_attempt_that_failed_ends_the_steps_as_if_thrown_in() -> None:
+    contended = ContentionTimeout("acquiring locks", RuntimeError("1213"), "lost 9 races")
+    with pytest.raises(LockTimeout) as raised:
+        next(_first_made(contended).steps)
+    assert raised.value.contended
+    with pytest.raises(ContentionTimeout):
+        next(_first_made(contended, blocking=False, wait_limit=0.0).steps)
+    unanswered = DatabaseTimeout("acquiring locks", TimeoutError("timed out"), "no answer")
+    with pytest.raises(LockTimeout) as timed_out:
+        next(_first_made(unanswered).steps)
+    assert timed_out.value.unanswered

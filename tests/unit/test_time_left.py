@@ -41,3 +41,24 @@ def test_the_time_left_is_rounded_up_to_10_ms_and_capped(
         if got > deadlines.SHORTEST_WAIT:
             assert least <= got < most + 0.01 + 1e-9
             assert round(got * 100) == got * 100 or math.isclose(round(got * 100), got * 100)
+
+
+def test_a_bounded_connection_reads_its_timeouts_as_time_left() -> None:
+    """PyMySQL reads the timeouts of a BoundedConnection before every packet:
+    what it gets is time_left() of the configured ones."""
+    connection = deadlines.BoundedConnection(
+        defer_connect=True, read_timeout=2.0, write_timeout=None, connect_timeout=3.0
+    )
+    assert (connection._read_timeout, connection._write_timeout) == (2.0, None)
+    assert connection.connect_timeout == 3.0
+
+    def timeouts(_limit: deadlines.Limit) -> tuple[float | None, ...]:
+        return connection._read_timeout, connection._write_timeout, connection.connect_timeout
+
+    assert deadlines.within(math.inf, timeouts) == (2.0, None, 3.0)
+    assert deadlines.within(time.monotonic() + 60, timeouts) == (2.0, 60.0, 3.0)
+    passed = deadlines.SHORTEST_WAIT
+    assert deadlines.within(time.monotonic() - 1, timeouts) == (passed, passed, passed)
+    connection._read_timeout = None
+    assert deadlines.within(time.monotonic() - 1, timeouts)[0] == passed
+    assert connection._read_timeout is None
