@@ -517,6 +517,7 @@ def grant_statement(
     sentinel_after: bool = False,
     handed: bool = False,
     fresh: bool = False,
+    after_lock: bool = False,
 ) -> Insert:
     """``INSERT INTO path_locks (...) SELECT ... FROM (the requested paths)
     WHERE NOT EXISTS (a live conflicting row)``: check and insert in one round
@@ -546,7 +547,15 @@ def grant_statement(
     ``fresh=True``: the request's first transaction, so no row of its lease
     can exist yet (a lease id is new to every request, and only a queued
     request is handed rows): the statement does not look for them, which
-    saves the server a subquery on every uncontended grant."""
+    saves the server a subquery on every uncontended grant.
+
+    ``after_lock=True``: the statement just before locked the sentinel row
+    (``LOCK_SENTINEL``), and nothing is inserted unless it matched the row.
+    On a customer's first use the row may be made by another client between
+    the two statements: the grant would then see it, and insert, without
+    holding its lock (two such grants, each blind to the other's rows, took
+    one path). ROW_COUNT() at -1 (see :func:`_rows_granted`) inserts nothing
+    either."""
     if form.paths == 1:
         source: Any = customer_locks
         path: Any = bindparam("rq_path_0", type_=String)
@@ -590,6 +599,8 @@ def grant_statement(
         values = values.where(_queue_clear(form))
     if sentinel_after:
         values = values.where(_case_rule_holds(), now() < _GRANT_UNTIL)
+    if after_lock:
+        values = values.where(Changed() > literal_column("0"))
     if handed:
         values = values.where(
             exists().where(

@@ -507,7 +507,9 @@ class Store:
                 batch.prepare(LEAN_CLAIM, dialect)
                 batch.prepare(lean_grant(len(request.paths)), dialect)
                 for fresh in (True, False):
-                    statement = grant_statement(form, queued=True, sentinel_after=True, fresh=fresh)
+                    statement = grant_statement(
+                        form, queued=True, sentinel_after=True, fresh=fresh, after_lock=True
+                    )
                     batch.prepare(statement, dialect)
 
     def try_grant(
@@ -659,7 +661,11 @@ class Store:
             (LOCK_SENTINEL, {"c_id": customer}),
             (
                 grant_statement(
-                    shape(request.paths), queued=True, sentinel_after=True, fresh=first
+                    shape(request.paths),
+                    queued=True,
+                    sentinel_after=True,
+                    fresh=first,
+                    after_lock=True,
                 ),
                 parameters,
             ),
@@ -714,7 +720,9 @@ class Store:
             (SET_GRANT_UNTIL, self._until()),
             (LOCK_AND_READ_SENTINEL, {"c_id": customer}),
             (
-                grant_statement(form, queued=True, sentinel_after=True, fresh=True),
+                grant_statement(
+                    form, queued=True, sentinel_after=True, fresh=True, after_lock=True
+                ),
                 parameters,
             ),
             (CLAIM_IF_GRANTED, parameters),

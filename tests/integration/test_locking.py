@@ -17,6 +17,7 @@ from pathlock import (
     DeadlockDetected,
     InvalidPath,
     InvalidPathType,
+    Lease,
     LeaseLost,
     LockTimeout,
     PathLockError,
@@ -423,6 +424,41 @@ def test_closed_manager_refuses_and_released_its_leases(
     assert _rows(raw_engine, customer_id) == []
     with pytest.raises(PathLockError, match="closed"):
         locks.lock_paths("/x")
+
+
+def test_a_customers_first_use_by_many_clients_grants_one_path_once(database_url: str) -> None:
+    """Many clients lock one path of a new customer at once, and hold it.
+    A grant in one round trip locks the sentinel row, then inserts: on a
+    customer's first use the row did not exist for that lock, another client
+    made it in between, and the grant saw the row and inserted without
+    holding its lock, blind to the rows of the others doing the same: two of
+    them held the path."""
+    clients = 12
+    with PathLockManager(database_url, engine_options={"pool_size": clients}) as manager:
+        for _ in range(15):
+            locks = manager.for_customer(secrets.randbelow(2**62) + 1)
+            barrier = threading.Barrier(clients)
+            held: list[Lease] = []
+
+            def work(
+                locks: CustomerLocks = locks,
+                barrier: threading.Barrier = barrier,
+                held: list[Lease] = held,
+            ) -> None:
+                barrier.wait()
+                lease = locks.try_lock_paths("/same")
+                if lease is not None:
+                    held.append(lease)
+
+            threads = [threading.Thread(target=work) for _ in range(clients)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            tokens = [lease.fencing_token for lease in held]
+            for lease in held:
+                lease.release()
+            assert len(held) <= 1, tokens
 
 
 def test_first_use_of_a_customer_by_many_clients_at_once(

@@ -139,7 +139,7 @@ def test_a_batch_composes_as_its_statements_one_by_one(dialect: Dialect) -> None
                 (statements.SET_GRANT_UNTIL, {"until_us": len(prefix)}),
                 (statements.LOCK_SENTINEL, {"c_id": 7}),
                 (grant_statement(form, queued=True, sentinel_after=True), values),
-                (statements.CLAIM_IF_GRANTED, {"c_id": 7, "c_case": False}),
+                (statements.CLAIM_IF_GRANTED, {"c_id": 7, "c_case": False, "l_id": "f" * 32}),
                 (blockers_query(form), values),
                 (statements.LIVE_WAITERS, {"c_id": 7}),
             ]
