@@ -1195,28 +1195,39 @@ RELEASE_NODE_WAITERS = delete(path_lock_waiters).where(
 )
 
 
-def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Delete]:
-    """The reaper's two statements for ``table``: pick the ids (and their
-    customers) of up to ``batch`` rows that expired by ``cutoff`` (the
-    database's time when the run began, so a run ends even while rows keep
-    expiring), oldest expiry first along the expires_at index; then delete
-    one customer's picked ids (followed by the count's statement, under the
-    customer's sentinel row). Renewal never extends an expired row, so a
-    picked row stays expired; the DELETE still checks, so it is correct on
-    its own. Several reapers at once are harmless: the later one deletes
-    nothing."""
+def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Select[Any], Delete]:
+    """The reaper's statements for ``table``: pick the ids of up to ``batch``
+    rows that expired by ``cutoff`` (the database's time when the run began,
+    so a run ends even while rows keep expiring), oldest expiry first along
+    the expires_at index; once their customers' sentinel rows are held, lock
+    those of them still there and still expired, with their customers; then
+    delete the rows locked (and count them down, see ``uncounted``).
+    Renewal never extends an expired row, so a picked row stays expired.
+    Several reapers at once are harmless: the later one finds nothing."""
     pick = (
         select(key, table.c.customer_id)
         .where(table.c.expires_at <= bindparam("cutoff", type_=DateTime()))
         .order_by(table.c.expires_at)
         .limit(bindparam("batch", type_=Integer))
     )
-    remove = delete(table).where(
-        table.c.customer_id == bindparam("c_id"),
-        key.in_(bindparam("ids", expanding=True)),
-        table.c.expires_at <= now(),
+    hold = (
+        select(key, table.c.customer_id)
+        .where(key.in_(bindparam("ids", expanding=True)), table.c.expires_at <= now())
+        .with_for_update()
     )
-    return pick, remove
+    remove = delete(table).where(key.in_(bindparam("ids", expanding=True)))
+    return pick, hold, remove
+
+
+def uncounted(column: Column[Any], gone: dict[int, int]) -> Any:
+    """The counts of ``column`` taken down by the rows ``gone`` (customer id
+    -> rows deleted), in one statement for every customer of a reaper's
+    batch."""
+    return (
+        update(customer_locks)
+        .where(customer_locks.c.customer_id.in_(sorted(gone)))
+        .values({column: column - case(gone, value=customer_locks.c.customer_id, else_=0)})
+    )
 
 
 REAP_LOCKS = expired_batch(path_locks, path_locks.c.id)

@@ -27,9 +27,10 @@ from pathlock._statements import (
     WAITER_COLUMNS,
     WAITERS_REMOVED,
     now,
+    uncounted,
 )
 from pathlock._transactions import Transactions, delete_counted
-from pathlock.schema import path_lock_waiters, path_locks, version_table
+from pathlock.schema import customer_locks, path_lock_waiters, path_locks, version_table
 from pathlock.types import LockInfo, WaiterInfo
 
 
@@ -154,10 +155,20 @@ class Upkeep:
         cutoff = self.database_time().replace(tzinfo=None)  # DATETIME columns are naive UTC
         reaped = (
             self._reap_table(
-                "reaping expired locks", REAP_LOCKS, LOCKS_REMOVED, batch_size, cutoff, stop
+                "reaping expired locks",
+                REAP_LOCKS,
+                customer_locks.c.lock_rows,
+                batch_size,
+                cutoff,
+                stop,
             ),
             self._reap_table(
-                "reaping dead waiters", REAP_WAITERS, WAITERS_REMOVED, batch_size, cutoff, stop
+                "reaping dead waiters",
+                REAP_WAITERS,
+                customer_locks.c.waiter_rows,
+                batch_size,
+                cutoff,
+                stop,
             ),
         )
         self.count_rows(batch_size, stop)
@@ -166,30 +177,34 @@ class Upkeep:
     def _reap_table(  # noqa: PLR0917 - private, called twice just above
         self,
         action: str,
-        statements: tuple[Select[Any], Delete],
-        count: Any,
+        statements: tuple[Select[Any], Select[Any], Delete],
+        column: Any,
         batch_size: int,
         cutoff: datetime,
         stop: Callable[[], bool],
     ) -> int:
-        pick, remove = statements
+        pick, hold, remove = statements
         parameters = {"batch": batch_size, "cutoff": cutoff}
 
         def batch(connection: Connection, _number: int) -> tuple[int, int]:
-            picked: dict[int, list[int]] = {}
-            for key, customer_id in connection.execute(pick, parameters):
-                picked.setdefault(int(customer_id), []).append(int(key))
+            picked = connection.execute(pick, parameters).all()
             if not picked:
                 connection.rollback()
                 return 0, 0
-            customers = sorted(picked)
+            customers = sorted({int(customer_id) for _key, customer_id in picked})
+            # The sentinel rows first, in key order, as a release takes them;
+            # then the rows, locked, so none goes between the count and the
+            # DELETE.
             connection.execute(HOLD_SENTINELS, {"c_ids": customers})
-            deleted = 0
-            for customer_id in customers:
-                ids = {"c_id": customer_id, "ids": sorted(picked[customer_id])}
-                deleted += delete_counted(connection, remove, ids, count)
+            held = connection.execute(hold, {"ids": sorted(key for key, _ in picked)}).all()
+            gone: dict[int, int] = {}
+            for _key, customer_id in held:
+                gone[int(customer_id)] = gone.get(int(customer_id), 0) + 1
+            if held:
+                connection.execute(remove, {"ids": sorted(int(key) for key, _ in held)})
+                connection.execute(uncounted(column, gone))
             connection.commit()
-            return sum(map(len, picked.values())), deleted
+            return len(picked), len(held)
 
         total = 0
         while not stop():
