@@ -571,6 +571,10 @@ class PathLockManager:
         Rows go in transactions of ``batch_size`` rows (never one long DELETE
         that would stall acquirers), picked along the ``expires_at`` index and
         judged by the database's clock. Any number of nodes may reap at once.
+        Each run also counts the rows of the customers whose counts are not
+        trusted (customers locked before revision 0008, or by an older
+        pathlock during a rolling upgrade; see docs/MIGRATIONS.md), so that
+        their grants can skip the conflict search again.
         """
         batch_size = validation.positive_int("batch_size", batch_size)
         started = time.monotonic()

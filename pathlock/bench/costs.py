@@ -275,10 +275,12 @@ def _uncontended_meaning(
         f"{client['pathlock']} of client CPU and {server['pathlock']} of server CPU, the "
         f"floor {client['floor']} and {server['floor']}, the naive algorithm "
         f"{client['naive']} and {server['naive']}. Where the floor updates one row per "
-        "commit, the acquire of either algorithm also locks the customer's row, checks for "
-        "conflicting locks and inserts the lock's row, and its release deletes that row "
-        "(pathlock's release also locks the customer's row and reads its queue, to hand the "
-        "path to whoever waits)."
+        "commit, pathlock's acquire writes the customer's row, only if the customer holds "
+        "nothing and has nobody queued (its row counts them: then no conflicting lock can "
+        "exist, and there is nothing to search), and inserts the lock's row; its release "
+        "deletes that row and counts it down on the customer's row. The naive algorithm's "
+        "acquire locks the customer's row, searches for conflicting locks and inserts; its "
+        "release deletes."
     )
 
 
