@@ -703,12 +703,13 @@ _GRANT_UNTIL: ColumnElement[Any] = literal_column("@pathlock_grant_until")
 def _rows_granted() -> Any:
     """How many rows the grant just before inserted for the lease ``:l_id``:
     its rows whose token is the version plus one (see
-    :func:`grant_statement`), read from the table, not from ROW_COUNT(). A
-    server that could not send a statement's reply (its client hung up)
-    answers ROW_COUNT() with -1 to the next one, yet runs the rest of the
-    batch, its COMMIT included: a write conditioned on ROW_COUNT() would then
-    be skipped while the grant's rows commit (the tokens of a later grant
-    would repeat, and the rows would go uncounted)."""
+    :func:`grant_statement`), read from the table, not from ROW_COUNT().
+    MariaDB may run the rest of a batch whose session is killed in the middle
+    (as a manager kills the sessions of its dropped connections), its COMMIT
+    included, with ROW_COUNT() at -1 for the statement after the one the
+    kill struck: a write conditioned on ROW_COUNT() would then be skipped
+    while the grant's rows commit (the tokens of a later grant would repeat,
+    and the rows would go uncounted)."""
     return (
         select(func.count())
         .select_from(path_locks)
@@ -783,13 +784,12 @@ def _counted(column: Column[Any], sign: int, *, fenced: bool = False) -> Any:
 # path_lock_waiters is followed by one of these in its transaction (or, for a
 # grant's rows, by CLAIM_IF_GRANTED; for a queue row, by WAITER_QUEUED), so the
 # sentinel's counts stay exact. A waiter's path rows go with its queue row and
-# are not counted. Where the client hung up in the middle of a batch,
-# ROW_COUNT() answers -1 (see _rows_granted): these then skip a count that
+# are not counted. Where a batch's session was killed in the middle,
+# ROW_COUNT() may answer -1 (see _rows_granted): these then skip a count that
 # goes down (a count too high: harmless), and nothing that goes up relies on
 # them in a batch that carries its COMMIT.
 LOCKS_ADDED = _counted(customer_locks.c.lock_rows, 1)
 LOCKS_REMOVED = _counted(customer_locks.c.lock_rows, -1)
-WAITERS_ADDED = _counted(customer_locks.c.waiter_rows, 1)
 # The queue row the statement before inserted for the lease ``:l_id`` (its
 # ticket is the id it generated, which the server keeps whatever became of
 # the reply), counted.
