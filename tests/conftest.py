@@ -17,7 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from pathlock import CustomerLocks, PathLockManager, migrate
 from pathlock._backends import CONFIG_ENV_VAR
-from tests.row_counts import miscounted
+from tests.row_counts import counted_rows, miscounted
 
 # The machine's /etc/pathlock.toml, if it has one, is not the tests' business:
 # no test (nor any process a test starts) reads it unless the test says so.
@@ -84,9 +84,10 @@ def _counts_exact(url: str, customer_ids: list[int] | None = None) -> None:
     try:
         with engine.connect() as connection:
             wrong = miscounted(connection, customer_ids)
+            rows = [] if not wrong else counted_rows(connection, wrong[:5])
     finally:
         engine.dispose()
-    assert not wrong, "row counts wrong:\n" + "\n".join(wrong[:20])
+    assert not wrong, "row counts wrong:\n" + "\n".join(wrong[:20] + rows)
 
 
 @pytest.fixture(autouse=True)
@@ -94,10 +95,11 @@ def _exact_counts_of_the_tests_customer(request: pytest.FixtureRequest) -> Itera
     """After a test that locked in the ``customer_id`` of a backend, that
     customer's counts are exact (see ``customer_locks`` in pathlock.schema)."""
     names = request.fixturenames
-    if "customer_id" not in names or "database_url" not in names:
+    backend = next((name for name in ("database_url", "mariadb_url") if name in names), None)
+    if "customer_id" not in names or backend is None:
         yield
         return
-    url, customer = request.getfixturevalue("database_url"), request.getfixturevalue("customer_id")
+    url, customer = request.getfixturevalue(backend), request.getfixturevalue("customer_id")
     yield
     _counts_exact(url, [customer])
 

@@ -77,3 +77,23 @@ def count_added(connection: Connection, table: Table, rows: Iterable[dict[str, A
             .where(customer_locks.c.customer_id == customer)
             .values({column: column + count})
         )
+
+
+def counted_rows(connection: Connection, lines: list[str]) -> list[str]:
+    """The rows of the customers ``lines`` of :func:`miscounted` name, each
+    as a line: who wrote them, for a failure's message."""
+    customers = [int(line.split()[1].rstrip(":")) for line in lines]
+    found = connection.execute(
+        select(
+            path_locks.c.customer_id,
+            path_locks.c.lease_id,
+            path_locks.c.path,
+            path_locks.c.node_id,
+            path_locks.c.owner_key,
+            path_locks.c.reason,
+            path_locks.c.fencing_token,
+            path_locks.c.created_at,
+            path_locks.c.expires_at,
+        ).where(path_locks.c.customer_id.in_(customers))
+    )
+    return ["  row " + ", ".join(str(value) for value in row) for row in found]

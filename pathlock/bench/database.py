@@ -224,7 +224,9 @@ def insert_bulk_rows(
     ``{prefix}{n % 1000}/{n}``, expiring ``expires_in`` from now (negative:
     already expired), a microsecond apart. MariaDB generates them on the
     server (its SEQUENCE engine's ``seq_1_to_N`` tables); other servers get
-    them by executemany in chunks."""
+    them by executemany in chunks. The customers must have no sentinel row
+    yet: its first grant makes it and counts the rows it finds (these rows
+    are not counted here)."""
     if getattr(engine.dialect, "is_mariadb", False):
         _insert_from_sequence(engine, customers, rows, expires_in=expires_in, prefix=prefix)
     else:

@@ -27,7 +27,7 @@ import secrets
 import threading
 import time
 
-from sqlalchemy import BigInteger, Engine, bindparam, delete, insert, select
+from sqlalchemy import BigInteger, Engine, bindparam, delete, insert, select, update
 
 from pathlock._statements import (
     CREATE_SENTINEL,
@@ -58,6 +58,11 @@ _INSERT = insert(path_locks).values(
     fencing_token=bindparam("token"),
     created_at=now(),
     expires_at=now_plus(bindparam("ttl_us", type_=BigInteger)),
+)
+_UNCOUNTED = (
+    update(customer_locks)
+    .where(customer_locks.c.customer_id == bindparam("c_id"))
+    .values(counted_version=None)
 )
 _RELEASE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
@@ -110,6 +115,10 @@ class NaiveLocks:
                 # several clients start at once), then locked as usual.
                 connection.rollback()
                 connection.execute(CREATE_SENTINEL, customer)
+                # This algorithm does not count its rows on the sentinel row
+                # (pathlock's grants without searches rely on the counts):
+                # its customer's counts are not to be trusted.
+                connection.execute(_UNCOUNTED, customer)
                 connection.commit()
                 version = connection.execute(_SENTINEL, customer).scalar_one()
             conflict = conflict_parameters(request) | customer
