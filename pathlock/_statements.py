@@ -509,6 +509,23 @@ def queue_condition() -> ColumnElement[bool]:
     )
 
 
+# The columns a grant's INSERT ... SELECT fills, in the order of its values.
+_GRANTED_COLUMNS = (
+    "customer_id",
+    "lease_id",
+    "path",
+    "mode",
+    "node_id",
+    "pid",
+    "thread",
+    "owner_key",
+    "reason",
+    "fencing_token",
+    "created_at",
+    "expires_at",
+)
+
+
 @functools.lru_cache(maxsize=256)
 def grant_statement(
     form: Shape,
@@ -609,21 +626,7 @@ def grant_statement(
                 path_lock_waiters.c.expires_at > now(),
             )
         )
-    columns = [
-        "customer_id",
-        "lease_id",
-        "path",
-        "mode",
-        "node_id",
-        "pid",
-        "thread",
-        "owner_key",
-        "reason",
-        "fencing_token",
-        "created_at",
-        "expires_at",
-    ]
-    return insert(path_locks).from_select(columns, values)
+    return insert(path_locks).from_select(_GRANTED_COLUMNS, values)
 
 
 # The fixed statements, built once.
@@ -873,21 +876,7 @@ def lean_grant(count: int) -> Insert:
     ).where(Changed() > literal_column("0"))
     if source is not None:
         values = values.select_from(source)
-    columns = [
-        "customer_id",
-        "lease_id",
-        "path",
-        "mode",
-        "node_id",
-        "pid",
-        "thread",
-        "owner_key",
-        "reason",
-        "fencing_token",
-        "created_at",
-        "expires_at",
-    ]
-    return insert(path_locks).from_select(columns, values)
+    return insert(path_locks).from_select(_GRANTED_COLUMNS, values)
 
 
 # A release without a read of the queue, for a customer not seen with one: the
@@ -1201,7 +1190,7 @@ def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Select[A
     so a run ends even while rows keep expiring), oldest expiry first along
     the expires_at index; once their customers' sentinel rows are held, lock
     those of them still there and still expired, with their customers; then
-    delete the rows locked (and count them down, see ``uncounted``).
+    delete the rows locked (and count them down, see :func:`counted_down`).
     Renewal never extends an expired row, so a picked row stays expired.
     Several reapers at once are harmless: the later one finds nothing."""
     pick = (
@@ -1219,7 +1208,7 @@ def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Select[A
     return pick, hold, remove
 
 
-def uncounted(column: Column[Any], gone: dict[int, int]) -> Any:
+def counted_down(column: Column[Any], gone: dict[int, int]) -> Any:
     """The counts of ``column`` taken down by the rows ``gone`` (customer id
     -> rows deleted), in one statement for every customer of a reaper's
     batch."""

@@ -26,8 +26,8 @@ from pathlock._statements import (
     UNCOUNTED,
     WAITER_COLUMNS,
     WAITERS_REMOVED,
+    counted_down,
     now,
-    uncounted,
 )
 from pathlock._transactions import Transactions, delete_counted
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks, version_table
@@ -202,7 +202,7 @@ class Upkeep:
                 gone[int(customer_id)] = gone.get(int(customer_id), 0) + 1
             if held:
                 connection.execute(remove, {"ids": sorted(int(key) for key, _ in held)})
-                connection.execute(uncounted(column, gone))
+                connection.execute(counted_down(column, gone))
             connection.commit()
             return len(picked), len(held)
 
