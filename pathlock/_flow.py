@@ -251,8 +251,11 @@ class AcquireFlow:
         # Until when the next in line checks every hand_over_check.
         self._look_often_until = 0.0
         self._checked_at = 0.0  # the lease clock's time before the last check
-        # The tickets of the older requests that go first, as last seen.
+        # The tickets of the older requests that go first, as last seen, their
+        # leases, and whether they are all of them (not the youngest only).
         self._ahead: tuple[int, ...] = ()
+        self._ahead_leases: tuple[str, ...] = ()
+        self._ahead_complete = False
         # The leases of the live locks in the way, as last seen.
         self._held: tuple[str, ...] = ()
 
@@ -315,7 +318,7 @@ class AcquireFlow:
                 raise DeadlockDetected(self.request.paths, outcome.held_by, outcome.party)
             self._last = outcome
             self._held = tuple({info.lease_id: None for info in outcome.blockers})
-            yield self._queued(outcome.ticket, started, outcome.ahead)
+            yield self._queued(outcome.ticket, started, outcome.ahead, outcome.ahead_complete)
             if clock.monotonic() >= self.deadline:
                 raise self._timeout()
             handed = yield from self._wait(outcome.version, started)
@@ -364,10 +367,14 @@ class AcquireFlow:
         return ends if self._clock.monotonic() < ends < math.inf else None
 
     def _queued(
-        self, ticket: int | None, attempt_started: float, ahead: tuple[WaiterInfo, ...]
+        self,
+        ticket: int | None,
+        attempt_started: float,
+        ahead: tuple[WaiterInfo, ...],
+        complete: bool,
     ) -> Place:
         """The outcome of a denied attempt: the request's ticket and the older
-        requests that go first."""
+        requests that go first (``complete``: all of them)."""
         new = ticket is not None and ticket != self.ticket
         if new:
             # The row was written by the attempt, which started at this time.
@@ -376,6 +383,8 @@ class AcquireFlow:
         self._next_in_line = not ahead
         self._look_often_until = self._clock.monotonic() + self._settings.hand_over_window
         self._ahead = tuple(info.ticket for info in ahead)
+        self._ahead_leases = tuple(info.lease_id for info in ahead)
+        self._ahead_complete = complete
         return Place(ticket, self._ahead, new)
 
     def _wait(  # noqa: PLR0911, PLR0912 - one return per way a wait ends
@@ -442,6 +451,8 @@ class AcquireFlow:
                 self._look_often_until = now + settings.hand_over_window
             self._next_in_line = outlook.next_in_line
             self._ahead = outlook.ahead
+            self._ahead_leases = outlook.ahead_leases
+            self._ahead_complete = outlook.ahead_complete
             self._held = outlook.held
 
     def _delay(self) -> float:
@@ -470,7 +481,7 @@ class AcquireFlow:
         # nearer than one hand-over away: no reason to look sooner.
         self._moved_to(watched.version, soon=left is None or left <= 1)
         if left == 0:
-            return _JUDGE
+            return self._all_ahead_left(watched)
         if not moved and before_recheck:
             return _SLEEP
         if moved and self._next_in_line:
@@ -486,16 +497,33 @@ class AcquireFlow:
             return _SLEEP
         return _JUDGE
 
+    def _all_ahead_left(self, watched: Watched) -> str:
+        """After a check that found every request seen ahead gone from the
+        queue: if the list was whole and one of them holds its paths now (it
+        was granted them), this request is next in line, behind that lease,
+        and needs no reads to know it (on a busy path, that is every turn);
+        otherwise it judges its place anew."""
+        if not (self._ahead_complete and watched.held_left):
+            return _JUDGE
+        self._next_in_line = True
+        self._look_often_until = self._clock.monotonic() + self._settings.hand_over_window
+        self._held, self._ahead, self._ahead_leases = self._ahead_leases, (), ()
+        return _SLEEP
+
     def _check(self) -> Generator[Step, Any, Watched]:
         """The check of a waiting request."""
         handed = self._queued_for_hand_over()
         self._checked_at = self._clock.now()
         queued = self.ticket is not None
+        held: tuple[str, ...] = ()
+        if queued and self._next_in_line:
+            held = self._held
+        elif queued and self._ahead_complete:
+            # Whether one of those ahead holds its paths once they have all
+            # left (see _after).
+            held = self._ahead_leases
         watched: Watched = yield ReadVersion(
-            self._by(self.deadline),
-            handed,
-            self._ahead if queued else (),
-            self._held if queued and self._next_in_line else (),
+            self._by(self.deadline), handed, self._ahead if queued else (), held
         )
         if handed and not watched.looked:
             # This database's releases do not hand paths over (a Galera

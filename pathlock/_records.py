@@ -50,6 +50,9 @@ class Blocked:
     ahead: tuple[WaiterInfo, ...]
     ticket: int | None
     version: int
+    ahead_complete: bool = False
+    """Whether ``ahead`` names every older request that must go first (not
+    only the youngest of them, as a read cut short at its limit does)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,10 @@ class Outlook:
     """How long those rows have left, by the database's clock (seconds)."""
     held: tuple[str, ...] = ()
     """The leases of the live locks in the way."""
+    ahead_leases: tuple[str, ...] = ()
+    """The leases of the requests of ``ahead``."""
+    ahead_complete: bool = False
+    """Whether ``ahead`` names every older request that must go first."""
 
 
 @dataclass(frozen=True, slots=True)

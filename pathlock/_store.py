@@ -79,6 +79,7 @@ from pathlock._statements import (
     LOCKS_REMOVED_LEFT,
     MAX_AHEAD,
     MAX_BLOCKERS,
+    MAX_WAITERS,
     NO_TICKET,
     OWN_ROWS,
     OWN_ROWS_LEFT,
@@ -168,6 +169,9 @@ class _Picture:
     """With ``handed``: the queue's rows as read, with the columns a release
     reads, but for the request's own (``None`` where the reads have not
     those)."""
+    ahead_complete: bool = True
+    """Whether ``ahead`` names every older request that must go first: the
+    reads were not cut short at their limits."""
 
     @classmethod
     def read(
@@ -311,7 +315,10 @@ class _Picture:
                 ),
                 key=lambda info: info.ticket,
             )
-            return cls(blockers, conflicting, tuple(conflicting), owner_locks)
+            complete = len(in_the_way) < MAX_AHEAD
+            return cls(
+                blockers, conflicting, tuple(conflicting), owner_locks, ahead_complete=complete
+            )
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
@@ -319,7 +326,10 @@ class _Picture:
             ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
         # The youngest, as many as the read of the requests in the way
         # returns (see MAX_AHEAD).
-        return cls(blockers, queued, tuple(ahead[-MAX_AHEAD:]), owner_locks)
+        complete = len(queue) < MAX_WAITERS and len(ahead) <= MAX_AHEAD
+        return cls(
+            blockers, queued, tuple(ahead[-MAX_AHEAD:]), owner_locks, ahead_complete=complete
+        )
 
 
 class _OwnerLocks:
@@ -751,7 +761,13 @@ class Store:
             # version moves for whoever judged its place behind it.
             self._leave(connection, customer, request.lease_id, ticket)
             return deadlock
-        return Blocked(picture.blockers, picture.ahead, ticket, int(locked.lastrowid))
+        return Blocked(
+            picture.blockers,
+            picture.ahead,
+            ticket,
+            int(locked.lastrowid),
+            ahead_complete=picture.ahead_complete,
+        )
 
     def _until(self) -> dict[str, Any]:
         """The parameters of ``SET_GRANT_UNTIL``: until when this transaction's
@@ -879,7 +895,7 @@ class Store:
             ticket = enqueued.lastrowid
         else:
             connection.rollback()  # the version bump goes with it
-        return Blocked(blockers, ahead, ticket, token - 1)
+        return Blocked(blockers, ahead, ticket, token - 1, ahead_complete=picture.ahead_complete)
 
     def _taken_up(self, connection: Connection, request: GrantRequest, token: int) -> Granted:
         """Take up the rows a release handed to ``request`` (in a transaction
@@ -993,6 +1009,8 @@ class Store:
                 next_in_line=not picture.ahead,
                 ahead=tuple(info.ticket for info in picture.ahead),
                 held=tuple({info.lease_id: None for info in picture.blockers}),
+                ahead_leases=tuple(info.lease_id for info in picture.ahead),
+                ahead_complete=picture.ahead_complete,
             )
 
         return self._tx.run(

@@ -84,8 +84,14 @@ def waiter(ticket: int) -> WaiterInfo:
     )
 
 
-def blocked(ticket: int | None, version: int, ahead: tuple[WaiterInfo, ...] = ()) -> Blocked:
-    return Blocked((HOLDER,), ahead, ticket, version)
+def blocked(
+    ticket: int | None,
+    version: int,
+    ahead: tuple[WaiterInfo, ...] = (),
+    *,
+    complete: bool = False,
+) -> Blocked:
+    return Blocked((HOLDER,), ahead, ticket, version, ahead_complete=complete)
 
 
 class Run:
@@ -378,6 +384,58 @@ def test_a_request_behind_others_judges_once_they_have_left() -> None:
     run.clock.time += 0.001
     run.reply(False)
     assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=())
+
+
+def test_a_request_knows_it_is_next_once_all_ahead_left_and_one_of_them_holds() -> None:
+    """On a busy path the request just ahead leaves the queue because it was
+    granted the paths. When the attempt's reads named every request ahead, a
+    check that finds them all gone and one of their leases holding says the
+    request is next in line, behind that lease: no judging, and the checks
+    come every hand_over_check, asking whether that lease still holds."""
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4), waiter(6)), complete=True))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    leases = ("lease-w4", "lease-w6")
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(4, 6), held=leases)
+    assert isinstance(run.reply(Watched(2, None, 1, looked=True, held_left=1)), Sleep)
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    sleep = run.reply(Watched(3, None, 0, looked=True, held_left=1))
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(run.settings.hand_over_check)
+    run.clock.time += 0.001
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(), held=leases)
+    # Another move while that lease still holds (someone else's): sleep on.
+    assert isinstance(run.reply(Watched(4, None, None, looked=True, held_left=1)), Sleep)
+    run.clock.time += 0.001
+    run.reply(False)
+    run.reply(False)
+    # Released, and not handed over: straight to the attempt.
+    assert run.reply(Watched(5, None, None, looked=True, held_left=0)) == Stop()
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_a_request_judges_once_all_ahead_left_unless_it_knows_one_of_them_holds(
+    complete: bool,
+) -> None:
+    """The requests ahead all gone, but none of them holding (they gave up,
+    or were granted and released already), or the attempt's reads named only
+    the youngest of them (a long queue): the request judges its place."""
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4),), complete=complete))
+    run.reply()
+    run.clock.time += 0.01
+    run.reply(False)
+    assert isinstance(run.reply(False), ReadVersion)
+    assert run.reply(Watched(2, None, 0, looked=True, held_left=int(not complete))) == Judge(
+        9, 1010.0
+    )
 
 
 def test_where_releases_do_not_hand_over_a_request_behind_others_judges_once_they_left() -> None:
