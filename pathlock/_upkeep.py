@@ -202,7 +202,8 @@ class Upkeep:
                 gone[int(customer_id)] = gone.get(int(customer_id), 0) + 1
             if held:
                 connection.execute(remove, {"ids": sorted(int(key) for key, _ in held)})
-                connection.execute(counted_down(column, gone))
+                for statement, counts in counted_down(column, gone):
+                    connection.execute(statement, counts)
             connection.commit()
             return len(picked), len(held)
 

@@ -124,6 +124,27 @@ def test_counts_stay_exact_through_every_way_rows_come_and_go(
         assert _counts(engine, customer_id) == (0, 0)
 
 
+@pytest.mark.parametrize("batch_size", [2, 1000])
+def test_the_reaper_counts_down_each_customer_by_the_rows_it_deleted(
+    database_url: str, engine: Engine, customer_id: int, batch_size: int
+) -> None:
+    """One reaper batch deletes different numbers of rows of different
+    customers (and, in small batches, a customer's rows over several
+    batches): each count goes down by exactly its customer's rows."""
+    expiring = {customer_id + n: rows for n, rows in enumerate((1, 2, 3, 3, 5))}
+    with PathLockManager(database_url, heartbeat=False) as manager:
+        for customer, rows in expiring.items():
+            locks = manager.for_customer(customer)
+            locks.lock_paths("/live")
+            for n in range(rows):
+                locks.lock_paths(f"/short/{n}", ttl=0.2)  # nothing renews them here
+        time.sleep(0.5)
+        assert manager.reap_expired(batch_size=batch_size) >= sum(expiring.values())
+        for customer in expiring:
+            _exact(engine, customer)
+            assert _counts(engine, customer) == (1, 0)  # the live lock
+
+
 def test_a_grant_without_searches_is_refused_by_a_lock_of_another_process(
     mariadb_url: str, customer_id: int
 ) -> None:
