@@ -1244,10 +1244,31 @@ HOLD_SENTINELS = (
     .where(customer_locks.c.customer_id.in_(bindparam("c_ids", expanding=True)))
     .values(version=customer_locks.c.version)
 )
+
+
+def _has_none(table: Table) -> Any:
+    """Whether the customer of the sentinel row has no row in ``table``: a
+    probe of its index per customer (MariaDB plans ``NOT EXISTS`` here as
+    one scan of the whole index, materialized; a scalar subquery with
+    ``LIMIT`` stays a probe)."""
+    return (
+        select(literal_column("1", Integer))
+        .where(table.c.customer_id == customer_locks.c.customer_id)
+        .limit(1)
+        .scalar_subquery()
+        .is_(None)
+    )
+
+
 # Customers whose counts are not to be trusted (see customer_locks in
 # pathlock.schema): never counted, counts left behind by a write of a
 # pathlock without them, or counts below zero (rows such a pathlock queued,
-# deleted by this one). By customer id, from ``after``.
+# deleted by this one); and customers whose counts are too high, seen where
+# the customer has no row at all (a session killed between a grant's claim
+# and its INSERT, or after a release's DELETE): those counts are safe, but
+# keep the customer's grants searching until they are made again. A probe of
+# one index entry per customer whose counts are not zero. By customer id,
+# from ``after``.
 UNCOUNTED = (
     select(customer_locks.c.customer_id)
     .where(
@@ -1257,6 +1278,8 @@ UNCOUNTED = (
             customer_locks.c.counted_version != customer_locks.c.version,
             customer_locks.c.lock_rows < 0,
             customer_locks.c.waiter_rows < 0,
+            and_(customer_locks.c.lock_rows > 0, _has_none(path_locks)),
+            and_(customer_locks.c.waiter_rows > 0, _has_none(path_lock_waiters)),
         ),
     )
     .order_by(customer_locks.c.customer_id)

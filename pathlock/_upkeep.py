@@ -219,7 +219,8 @@ class Upkeep:
         """Count afresh the lock and queue rows of every customer whose
         counts are not trusted (never counted: customers locked before
         revision 0008; or moved past by a pathlock without the counts during
-        a rolling upgrade), ``batch_size`` customers per transaction, until
+        a rolling upgrade) or are too high for a customer with no rows (see
+        ``UNCOUNTED``), ``batch_size`` customers per transaction, until
         none are left or ``stop()`` says so; the customers counted. A
         customer's grants skip the conflict and queue searches only while
         its counts are trusted and say it has no rows."""

@@ -573,8 +573,10 @@ class PathLockManager:
         judged by the database's clock. Any number of nodes may reap at once.
         Each run also counts the rows of the customers whose counts are not
         trusted (customers locked before revision 0008, or by an older
-        pathlock during a rolling upgrade; see docs/MIGRATIONS.md), so that
-        their grants can skip the conflict search again.
+        pathlock during a rolling upgrade; see docs/MIGRATIONS.md), and of
+        those without rows whose counts say otherwise (left too high by an
+        interrupted grant or release), so that their grants can skip the
+        conflict search again.
         """
         batch_size = validation.positive_int("batch_size", batch_size)
         started = time.monotonic()

@@ -145,6 +145,40 @@ def test_the_reaper_counts_down_each_customer_by_the_rows_it_deleted(
             assert _counts(engine, customer) == (1, 0)  # the live lock
 
 
+def test_the_reaper_corrects_counts_left_too_high_once_the_customer_has_no_rows(
+    database_url: str, engine: Engine, customer_id: int
+) -> None:
+    """Counts too high on a trusted customer (what a session killed between
+    a grant's claim and its INSERT, or after a release's DELETE, leaves) are
+    safe but keep its grants searching: the reaper makes them again once the
+    customer has no row left to count, and only then (a probe per customer,
+    not a count)."""
+    with PathLockManager(database_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        held = locks.lock_paths("/held")
+        _raise_counts(engine, customer_id, "lock_rows = lock_rows + 2")
+        manager.reap_expired()
+        assert _counts(engine, customer_id) == (3, 0)  # a row left: not counted
+        held.release()
+        assert _counts(engine, customer_id) == (2, 0)
+        manager.reap_expired()
+        _exact(engine, customer_id)
+        assert _counts(engine, customer_id) == (0, 0)
+        _raise_counts(engine, customer_id, "waiter_rows = waiter_rows + 1")
+        manager.reap_expired()
+        _exact(engine, customer_id)
+        assert _counts(engine, customer_id) == (0, 0)
+
+
+def _raise_counts(engine: Engine, customer_id: int, assignment: str) -> None:
+    """Make a trusted count too high (the version stays)."""
+    with engine.begin() as connection:
+        connection.execute(
+            text(f"UPDATE customer_locks SET {assignment} WHERE customer_id = :c"),
+            {"c": customer_id},
+        )
+
+
 def test_a_grant_without_searches_is_refused_by_a_lock_of_another_process(
     mariadb_url: str, customer_id: int
 ) -> None:
