@@ -15,8 +15,9 @@ its asyncio form here:
   cancellation of the request waits for the attempt's end
   (:meth:`LoopRunner.cancel`); or, on an engine of a synchronous driver
   (SQLite's, see :attr:`Dialect.async_on_threads`), the whole attempt runs on
-  a worker thread, bounded as in the synchronous API, and the loop awaits its
-  end;
+  the loop's own thread, in turns (:meth:`LoopRunner._take_turns`), unless it
+  would have to wait for the file's write lock: then on a worker thread,
+  bounded as in the synchronous API, and the loop awaits its end;
 - the pause between two attempts (:meth:`LoopRunner.sleep`): ``asyncio.sleep``;
 - a waiting request's sleep (:class:`LoopWaker`): an ``asyncio.Event`` that a
   release of another task (or thread) sets.
@@ -49,13 +50,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, event
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from pathlock import _deadlines as deadlines
 from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
 from pathlock._routing import Node
-from pathlock._transactions import THREAD
+from pathlock._transactions import THREAD, AttemptFailed
 from pathlock.clock import Clock
 from pathlock.dialects.base import is_async
 from pathlock.errors import BackendError
@@ -68,6 +69,15 @@ _WORKERS = 8
 """Worker threads of a manager whose database is reached through a
 synchronous driver (SQLite): attempts beyond it queue for a thread, as they
 would for a connection of the pool."""
+
+ON_LOOP_WAIT = 0.001
+"""Seconds an attempt on the loop's own thread (SQLite) may wait for the
+file's write lock or for a connection of the pool before it goes to a worker
+thread instead (:meth:`LoopRunner._on_loop`)."""
+
+ON_LOOP_TURN = 0.002
+"""Seconds of attempts on the loop's own thread after which the loop takes a
+turn (its timers, its I/O) before the next one (:meth:`LoopRunner._take_turns`)."""
 
 _SPARE = 5.0
 """Seconds a background thread waits for the loop beyond the call's own
@@ -170,15 +180,22 @@ class LoopRunner:
 
     An attempt on an engine of an asyncio driver runs on the loop, each
     driver call awaited. An attempt on an engine of a synchronous driver (the
-    embedded SQLite file, see ``Dialect.async_on_threads``) runs whole on a worker
-    thread, and the loop awaits its end: one hand-off per transaction instead
-    of one per driver call."""
+    embedded SQLite file, see ``Dialect.async_on_threads``) runs whole on the
+    loop's own thread when it need not wait (:meth:`_on_loop`), and else on
+    a worker thread, the loop awaiting its end: one hand-off per transaction
+    instead of one per driver call."""
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers_lock = threading.Lock()
         self._attempting: dict[asyncio.Task[Any], _Attempting] = {}
+        # Attempts on the loop's own thread (see _take_turns): when those of
+        # this turn of the loop began, whether its end is scheduled, and the
+        # attempts waiting for a turn of their own.
+        self._turn_began: float | None = None
+        self._turn_ending = False
+        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -197,6 +214,10 @@ class LoopRunner:
             if not in_task:
                 # A background thread of the manager: nothing to hand over.
                 return THREAD.attempt(node, operation, number, ends, read_only=read_only)
+            self._take_turns()
+            made = self._on_loop(node, operation, number, ends, read_only)
+            if made is not None:
+                return made
             coroutine = self._on_thread(node, operation, number, ends, read_only)
         elif in_task:
             return self._in_task(node, operation, number, ends, read_only)
@@ -209,6 +230,88 @@ class LoopRunner:
         # attempt may still commit).
         deadlines.note_connected()
         return wait(self.loop, coroutine, seconds=max(0.0, ends - time.monotonic()))
+
+    def _take_turns(self) -> None:
+        """Before an attempt on the loop's own thread: once such attempts have
+        run for :data:`ON_LOOP_TURN` in one turn of the loop (a hundred
+        tasks that ask at once), or while others wait for theirs, wait for
+        a turn of its own, first come, first served: the loop runs its
+        timers and its I/O between two turns (a turn ends when the callbacks
+        scheduled before it have run)."""
+        loop = self.loop
+        if loop is None:  # pragma: no cover - in_greenlet() said it runs
+            return
+        began, now = self._turn_began, time.monotonic()
+        if not self._turns and (began is None or now - began < ON_LOOP_TURN):
+            if began is None:
+                self._begin_turn(loop, now)
+            return
+        turn: asyncio.Future[None] = loop.create_future()
+        self._turns.append(turn)
+        try:
+            wait(loop, _given(turn), seconds=None)
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self._end_turn_soon(loop)  # given a turn it will not take
+            raise
+        self._begin_turn(loop, time.monotonic())
+
+    def _begin_turn(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        self._turn_began = now
+        self._end_turn_soon(loop)
+
+    def _end_turn_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._turn_ending:
+            self._turn_ending = True
+            loop.call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        """The loop took a turn: the next attempt waiting for one may go."""
+        self._turn_ending = False
+        self._turn_began = None
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():  # not cancelled meanwhile
+                turn.set_result(None)
+                return
+
+    def _on_loop(
+        self,
+        node: Node,
+        operation: Callable[[Connection, int], T],
+        number: int,
+        ends: float,
+        read_only: bool,
+    ) -> tuple[T, bool] | None:
+        """An attempt on an engine of a synchronous driver (the embedded
+        SQLite file), made on the loop's own thread: its driver calls are
+        local and take microseconds, unless it must wait for the file's
+        write lock or for a connection of the pool. Those waits last
+        :data:`ON_LOOP_WAIT` at most here; ``None`` if that was not enough:
+        then the transaction was rolled back before it wrote anything, and
+        the attempt goes to a worker thread, which may wait as long as the
+        call allows. The loop is blocked for the attempt's statements and
+        its COMMIT (the file's sync: see docs/ASYNCIO.md), never for another
+        process's transaction."""
+        try:
+            with deadlines.brief_waits(ON_LOOP_WAIT):
+                return THREAD.attempt(
+                    node,
+                    operation,
+                    number,
+                    ends,
+                    read_only=read_only,
+                    # Tasks interleave on one thread: nothing to hold back.
+                    guard=contextlib.nullcontext,
+                )
+        except AttemptFailed as failed:
+            error = failed.error
+            busy = isinstance(error, PoolTimeout) or (
+                isinstance(error, DBAPIError) and node.dialect.is_busy(error)
+            )
+            if failed.unanswered or not busy:
+                raise
+            return None
 
     def cancel(self, task: asyncio.Task[Any]) -> None:
         """Cancel ``task`` (a request's): at once, or, while it is in the
@@ -369,6 +472,10 @@ class LoopRunner:
             attempt.add_done_callback(_retrieved)
             await asyncio.wait([attempt])
             raise
+
+
+async def _given(turn: asyncio.Future[None]) -> None:
+    await turn
 
 
 class _Attempting:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar, copy_context
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -116,6 +116,32 @@ async def limit(ends: float) -> AsyncIterator[Limit]:
 def current() -> Limit | None:
     """The innermost limit in force, if any."""
     return _current.get()
+
+
+_brief: ContextVar[float | None] = ContextVar("pathlock_brief_waits", default=None)
+
+
+@contextmanager
+def brief_waits(seconds: float) -> Iterator[None]:
+    """Within the block, a wait for a free connection of the pool or for an
+    embedded database's write lock lasts ``seconds`` at most, whatever the
+    limits allow (statements are not bound by it): for an attempt made on an
+    event loop's own thread, which must not block it (see
+    :meth:`pathlock._aio.LoopRunner.attempt`)."""
+    token = _brief.set(seconds)
+    try:
+        yield
+    finally:
+        _brief.reset(token)
+
+
+def wait_ceiling() -> float:
+    """The monotonic time by which a wait for a connection or a lock must end:
+    the limits' :func:`ceiling`, or sooner within :func:`brief_waits`."""
+    brief = _brief.get()
+    ceiling = _current.get()
+    ends = math.inf if ceiling is None else ceiling.ends
+    return ends if brief is None else min(ends, _monotonic() + brief)
 
 
 def ceiling() -> float:
@@ -208,6 +234,9 @@ class _BoundedCheckout:
     @property
     def _timeout(self) -> float:
         left = time_left(self._configured_timeout)
+        brief = _brief.get()
+        if brief is not None:
+            return brief if left is None else min(left, brief)
         return self._configured_timeout if left is None else left
 
     @_timeout.setter

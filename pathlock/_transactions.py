@@ -577,7 +577,7 @@ def attempt_once(
         deadlines.note_connected()
         if connected is not None:
             connected()
-        node.dialect.before_transaction(connection, deadlines.ceiling())
+        node.dialect.before_transaction(connection, deadlines.wait_ceiling())
         if node.dropped and not read_only:
             _end_dropped(node, connection)
         if read_only:

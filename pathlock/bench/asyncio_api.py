@@ -354,7 +354,8 @@ def event_loop_lag(bench: Bench) -> Section:
         f"{count(settings.loop_rounds, 'round')} per database after an untimed warm-up round, "
         f"each round after {settings.loop_idle_seconds:g} s of the same timer on the idle loop "
         "(the lag this machine causes by itself). On the suite's server (asyncmy) and on a "
-        "temporary SQLite file (each transaction on a worker thread); CPU is this process's "
+        "temporary SQLite file (each transaction on the loop's thread, on a worker thread "
+        "while the file is busy); CPU is this process's "
         "(every thread) per grant. "
         f"The machine's load when the experiment began: {_describe_load(load)}.",
         header=(
@@ -501,9 +502,9 @@ def _versus_meaning(figures: dict[str, VersusFigures], ratios: dict[str, float],
         "event loop's work around each database call (a request and a release each run in a "
         "task of the manager's own, and every call into the driver goes through the loop); "
         "both send the same two round trips to MySQL and MariaDB. On SQLite each "
-        "transaction runs whole on a worker thread, one hand-off from the loop and back per "
-        "transaction. Through aiosqlite (the last rows, beside the goal, not part of it), "
-        "which also runs SQLite on a thread of its own, every call of the driver (cursor, "
+        "transaction runs whole on the loop's own thread (on a worker thread only while the "
+        "file is busy). Through aiosqlite (the last rows, beside the goal, not part of it), "
+        "which runs SQLite on a thread of its own, every call of the driver (cursor, "
         "execute, fetch, close, commit, the pool's rollback) is a hand-off of its own."
     )
 
@@ -544,8 +545,8 @@ def async_against_sync(bench: Bench) -> Section:
         "running); both managers with default settings, on the same customer. "
         f"{samples:,} samples of each per database, in alternating rounds after a warm-up "
         "of each. On the suite's server (PyMySQL beside asyncmy) and on a temporary SQLite "
-        "file (the standard library's sqlite3 in both APIs, each asyncio transaction on a "
-        "worker thread); then the same SQLite file with the asyncio API through aiosqlite "
+        "file (the standard library's sqlite3 in both APIs, each asyncio transaction on the "
+        "loop's thread); then the same SQLite file with the asyncio API through aiosqlite "
         "(a `sqlite+aiosqlite://` URL), for comparison. CPU is this process's (every "
         "thread) per operation.",
         header=("database", "API", "p50", "p99", "mean", "CPU per operation"),

@@ -32,7 +32,7 @@ How the figures are taken:
   `PathLockManager` with default settings and its own connections.
 - Experiments 8 and 9 measure the asyncio API, `AsyncPathLockManager`
   (`pip install 'pathlock[async]'`), in the suite's own process, on the server (through asyncmy)
-  and on a temporary SQLite file (each transaction on a worker thread; experiment 9 also
+  and on a temporary SQLite file (each transaction on the loop's thread; experiment 9 also
   through aiosqlite), each beside its baseline on the same database: the idle event loop, and
   the synchronous `PathLockManager`.
 - Times that cross processes (a request in one, a release in another) are `time.monotonic()`:

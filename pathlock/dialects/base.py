@@ -229,10 +229,11 @@ class Dialect:
 
     async_on_threads: ClassVar[bool] = False
     """Whether the asyncio API reaches this family through its synchronous
-    driver, each transaction run whole on a worker thread, unless the URL
-    names the asyncio driver. For an embedded database, whose driver calls
-    are quick and many, that costs one hand-off between the loop and a
-    thread per transaction, where an asyncio driver costs one per call."""
+    driver, unless the URL names the asyncio driver: each transaction runs
+    whole on the loop's own thread, or on a worker thread if it would have
+    to wait for a lock (:meth:`is_busy`). For an embedded database, whose
+    driver calls are quick and many: an asyncio driver costs a hand-off
+    between the loop and a thread per call."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -318,6 +319,12 @@ class Dialect:
         """Worth another try: the transaction was rolled back (a deadlock, a
         lock-wait timeout, a lost connection), or its outcome is checked."""
         return bool(error.connection_invalidated)
+
+    def is_busy(self, error: DBAPIError) -> bool:  # noqa: ARG002 - a family may need it
+        """An embedded database's write lock was held by another connection
+        for longer than the transaction could wait: it was rolled back
+        before it wrote anything."""
+        return False
 
     def is_lost_race(self, error: DBAPIError) -> bool:  # noqa: ARG002 - a family may need it
         """Lost a race with another transaction of the same customer:

@@ -108,8 +108,9 @@ class SQLite(Dialect):
         bound_busy_wait(connection, ends)
 
     def is_transient(self, error: DBAPIError) -> bool:
-        if super().is_transient(error):
-            return True
+        return super().is_transient(error) or self.is_busy(error)
+
+    def is_busy(self, error: DBAPIError) -> bool:
         code = getattr(error.orig, "sqlite_errorcode", None)
         return isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
