@@ -101,6 +101,18 @@ def _configured_url(config: Path) -> str:
     return url
 
 
+POOL_OPTIONS = ("poolclass", "pool", "pool_size", "max_overflow")
+"""The ``engine_options`` that configure a pool: given any, pathlock sets
+none of its own."""
+
+MAIN_POOL = {"pool_size": 15, "max_overflow": 0}
+"""The main pool of an engine pathlock creates: up to 15 connections, each
+opened when a call needs one, and kept. SQLAlchemy's default of 5 kept and
+10 more closed when given back made a process with many threads waiting on
+one customer open and close a connection for every third grant, which cost
+45% of its CPU per grant (docs/DEPLOYING.md)."""
+
+
 def open_engine(
     database: object,
     engine_options: dict[str, Any],
@@ -127,7 +139,10 @@ def open_engine(
     if isinstance(database, (str, URL)):
         url = engine_url(database, asynchronous=asynchronous)
         dialect = dialects.for_name(url.get_backend_name())
-        return dialect.open_engine(url, engine_options, settings), True
+        options = dict(engine_options)
+        if not any(key in options for key in POOL_OPTIONS):
+            options.update(MAIN_POOL)
+        return dialect.open_engine(url, options, settings), True
     kind = type(database).__name__
     raise ArgumentTypeError(
         f"database must be a URL string, a sqlalchemy URL, an Engine or None, got {kind}"
@@ -227,9 +242,8 @@ def open_renewal_engines(
     threads waiting for locks may hold every connection of the main pool, and
     a renewal that waited behind them could come too late. An engine passed
     in is shared as it is: renewals take their connections from its pool."""
-    pool_options = ("poolclass", "pool", "pool_size", "max_overflow")
     options = dict(engine_options)
-    if not any(key in options for key in pool_options):
+    if not any(key in options for key in POOL_OPTIONS):
         options.update(pool_size=1, max_overflow=settings.stragglers + 1)
     renewal: list[tuple[Engine, bool]] = []
     try:

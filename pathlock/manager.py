@@ -203,8 +203,9 @@ class PathLockManager:
       customer's conflicts stay row-lock waits on one node, and customers
       spread over the nodes. With one database it is refused.
     - ``engine_options``: extra keyword arguments for ``create_engine`` (for
-      every node), such as ``pool_size`` and ``max_overflow`` (default 5 and
-      10) or ``pool_recycle`` (default 3600 s on MySQL and MariaDB). Renewals
+      every node), such as ``pool_size`` and ``max_overflow`` (default 15
+      and 0: up to 15 connections, opened as needed and kept) or
+      ``pool_recycle`` (default 3600 s on MySQL and MariaDB). Renewals
       have a pool of their own (1 and 5); options that set the pool
       (``pool_size``, ``max_overflow``, ``poolclass``, ``pool``) set that one
       too. Refused with an ``Engine`` passed in. docs/DEPLOYING.md says how

@@ -3,6 +3,7 @@
     python -m pathlock.bench.crowd [--url URL] [--processes N[,N...]]
                                    [--waiters N[,N...]] [--grants N] [--api sync|asyncio]
                                    [--hold SECONDS] [--timeout SECONDS] [--profile]
+                                   [--pool-size N --max-overflow N]
 
 Each of ``--processes`` worker processes runs ``--waiters`` threads (or
 asyncio tasks with ``--api asyncio``), each its own owner, on one customer,
@@ -16,7 +17,9 @@ the client CPU per grant (all worker processes), requests that timed out,
 leases lost, and the ratio of grants per second to the smallest size's in
 the same run. ``--profile`` also prints the Python calls per grant of the
 first worker process (cProfile's count, which does not depend on the
-machine) and the functions called most often.
+machine) and the functions called most often. ``--pool-size`` and
+``--max-overflow`` size each process's connection pool (default: the
+manager's own, see docs/DEPLOYING.md).
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ def _sync_worker(job: dict[str, Any]) -> _Tally:
     tally = _Tally()
     quota = [job["grants"]]
     guard = threading.Lock()
-    manager = PathLockManager(job["url"], node_id=f"crowd-{job['index']}")
+    manager = PathLockManager(
+        job["url"], node_id=f"crowd-{job['index']}", engine_options=job["pool"]
+    )
     locks = manager.for_customer(job["customer_id"])
 
     profiles: list[cProfile.Profile] = []
@@ -132,7 +137,9 @@ def _async_worker(job: dict[str, Any]) -> _Tally:
 async def _async_main(job: dict[str, Any]) -> _Tally:
     tally = _Tally()
     quota = [job["grants"]]
-    manager = AsyncPathLockManager(job["url"], node_id=f"crowd-{job['index']}")
+    manager = AsyncPathLockManager(
+        job["url"], node_id=f"crowd-{job['index']}", engine_options=job["pool"]
+    )
     locks = manager.for_customer(job["customer_id"])
 
     async def one(seed: int) -> None:
@@ -214,7 +221,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hold", type=float, default=0.002)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--pool-size", type=int)
+    parser.add_argument("--max-overflow", type=int)
     options = parser.parse_args(argv)
+    sizes = (("pool_size", options.pool_size), ("max_overflow", options.max_overflow))
+    pool = {name: value for name, value in sizes if value is not None}
 
     with PathLockManager(options.url) as manager:
         manager.create_schema()
@@ -236,6 +247,7 @@ def main(argv: list[str]) -> int:
                 "hold": options.hold,
                 "timeout": options.timeout,
                 "profile": options.profile,
+                "pool": pool,
             }
             elapsed, tallies = _run(job, processes)
             grants = sum(t.grants for t in tallies)

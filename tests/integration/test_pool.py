@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import create_engine, event, make_url, text
 
 from pathlock import (
     AsyncPathLockManager,
@@ -136,3 +136,33 @@ def test_an_asyncio_request_waits_for_a_connection_no_longer_than_its_timeout(
     assert took < 0.5 + SLACK, f"waited {took:.2f} s for a connection"
     assert raised.unanswered
     assert _pool_timed_out(raised)
+
+
+def test_the_default_pool_keeps_the_connections_a_burst_opened(
+    database_url: str, customer_id: int
+) -> None:
+    """Requests that pile up take more than 5 connections; given back, those
+    stay open for the next burst (SQLAlchemy's default pool closed every one
+    beyond the fifth, and a busy process opened connections all the time)."""
+    opened: list[object] = []
+    with PathLockManager(database_url, node_id="test-pool") as manager:
+        event.listen(manager.engine, "connect", lambda *_: opened.append(None))
+        locks = manager.for_customer(customer_id)
+        start = threading.Barrier(12)
+
+        def burst(n: int) -> None:
+            start.wait()
+            for _ in range(5):
+                locks.lock_paths(f"/burst/{n}").release()
+
+        first = 0
+        for round_ in range(3):
+            threads = [threading.Thread(target=burst, args=(n,)) for n in range(12)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if round_ == 0:
+                first = len(opened)
+        assert first > 5  # the burst needed more than SQLAlchemy's 5
+        assert len(opened) - first <= 2, f"{len(opened) - first} connections opened anew"
