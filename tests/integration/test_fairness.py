@@ -598,8 +598,10 @@ def test_where_releases_do_not_hand_over_waiters_behind_others_judge_once_they_l
     grants itself the path and releases it, moving the version twice. A
     request third in line sleeps through those moves while any of the
     requests ahead is still queued (its checks count them) and judges its
-    place, a read of every blocker and the queue, once they have all left;
-    it used to judge at every move. No recheck falls due meanwhile."""
+    place, a read of every blocker and the queue, once they have all left,
+    unless its check finds one of them holding the path (then it knows it is
+    next: no judging at all); it used to judge at every move. No recheck
+    falls due meanwhile."""
     settings = Settings(recheck=HANG)
     engines = [
         database_url if database_url.startswith("sqlite") else create_engine(database_url)
@@ -630,7 +632,7 @@ def test_where_releases_do_not_hand_over_waiters_behind_others_judge_once_they_l
             assert isinstance(request.outcome(), Lease)
             request.finish()
         assert order == ["1", "2", "3"]
-        assert len(judged) == 1, judged
+        assert len(judged) <= 1, judged
     finally:
         for manager in managers:
             manager.close()
