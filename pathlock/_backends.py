@@ -109,8 +109,8 @@ MAIN_POOL = {"pool_size": 15, "max_overflow": 0}
 """The main pool of an engine pathlock creates: up to 15 connections, each
 opened when a call needs one, and kept. SQLAlchemy's default of 5 kept and
 10 more closed when given back made a process with many threads waiting on
-one customer open and close a connection for every third grant, which cost
-45% of its CPU per grant (docs/DEPLOYING.md)."""
+one customer open and close a connection for every third grant; keeping them
+cut its CPU per grant by 45% (docs/DEPLOYING.md)."""
 
 
 def open_engine(

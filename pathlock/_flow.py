@@ -500,14 +500,16 @@ class AcquireFlow:
     def _all_ahead_left(self, watched: Watched) -> str:
         """After a check that found every request seen ahead gone from the
         queue: if the list was whole and one of them holds its paths now (it
-        was granted them), this request is next in line, behind that lease,
-        and needs no reads to know it (on a busy path, that is every turn);
-        otherwise it judges its place anew."""
+        was granted them), this request is next in line, behind that lease
+        (and the locks in its way before, if they still hold), and needs no
+        reads to know it (on a busy path, that is every turn); otherwise it
+        judges its place anew."""
         if not (self._ahead_complete and watched.held_left):
             return _JUDGE
         self._next_in_line = True
         self._look_often_until = self._clock.monotonic() + self._settings.hand_over_window
-        self._held, self._ahead, self._ahead_leases = self._ahead_leases, (), ()
+        self._held = (*self._held, *self._ahead_leases)
+        self._ahead = self._ahead_leases = ()
         return _SLEEP
 
     def _check(self) -> Generator[Step, Any, Watched]:

@@ -391,7 +391,8 @@ def test_a_request_knows_it_is_next_once_all_ahead_left_and_one_of_them_holds() 
     granted the paths. When the attempt's reads named every request ahead, a
     check that finds them all gone and one of their leases holding says the
     request is next in line, behind that lease: no judging, and the checks
-    come every hand_over_check, asking whether that lease still holds."""
+    come every hand_over_check, asking whether that lease (or the lock that
+    blocked the attempt) still holds."""
     run = Run(handed_over=True)
     run.reply(None)
     run.reply(blocked(9, version=1, ahead=(waiter(4), waiter(6)), complete=True))
@@ -409,8 +410,9 @@ def test_a_request_knows_it_is_next_once_all_ahead_left_and_one_of_them_holds() 
     assert sleep.seconds == pytest.approx(run.settings.hand_over_check)
     run.clock.time += 0.001
     run.reply(False)
-    assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(), held=leases)
-    # Another move while that lease still holds (someone else's): sleep on.
+    # Those leases, and the one that blocked its attempt (it may hold still).
+    assert run.reply(False) == ReadVersion(1010.0, handed=True, ahead=(), held=("lease-0", *leases))
+    # Another move while one of them still holds (someone else's): sleep on.
     assert isinstance(run.reply(Watched(4, None, None, looked=True, held_left=1)), Sleep)
     run.clock.time += 0.001
     run.reply(False)
