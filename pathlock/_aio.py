@@ -295,15 +295,9 @@ class LoopRunner:
         process's transaction."""
         try:
             with deadlines.brief_waits(ON_LOOP_WAIT):
-                return THREAD.attempt(
-                    node,
-                    operation,
-                    number,
-                    ends,
-                    read_only=read_only,
-                    # Tasks interleave on one thread: nothing to hold back.
-                    guard=contextlib.nullcontext,
-                )
+                # The pool is a thread pool's (worker threads, the renewals'
+                # thread): interrupts are held back around it, as on a thread.
+                return THREAD.attempt(node, operation, number, ends, read_only=read_only)
         except AttemptFailed as failed:
             error = failed.error
             busy = isinstance(error, PoolTimeout) or (
