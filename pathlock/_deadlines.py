@@ -139,8 +139,7 @@ def wait_ceiling() -> float:
     """The monotonic time by which a wait for a connection or a lock must end:
     the limits' :func:`ceiling`, or sooner within :func:`brief_waits`."""
     brief = _brief.get()
-    ceiling = _current.get()
-    ends = math.inf if ceiling is None else ceiling.ends
+    ends = ceiling()
     return ends if brief is None else min(ends, _monotonic() + brief)
 
 

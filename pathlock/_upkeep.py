@@ -4,6 +4,7 @@ and the command line, operators' releases, and the reaper."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -197,9 +198,7 @@ class Upkeep:
             # DELETE.
             connection.execute(HOLD_SENTINELS, {"c_ids": customers})
             held = connection.execute(hold, {"ids": sorted(key for key, _ in picked)}).all()
-            gone: dict[int, int] = {}
-            for _key, customer_id in held:
-                gone[int(customer_id)] = gone.get(int(customer_id), 0) + 1
+            gone = Counter(int(customer_id) for _key, customer_id in held)
             if held:
                 connection.execute(remove, {"ids": sorted(int(key) for key, _ in held)})
                 for statement, counts in counted_down(column, gone):
