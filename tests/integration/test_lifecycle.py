@@ -671,6 +671,72 @@ def test_an_owner_interrupted_at_random_moments_never_deadlocks_with_itself(
     assert _count(raw_engine, customer_id) == (0, 0)
 
 
+_CTRL_C_TWICE_ON_A_LOOP = textwrap.dedent(
+    """
+    import asyncio, os, random, signal, sys, threading, time
+    from pathlock import AsyncPathLockManager
+    url, customer = sys.argv[1], int(sys.argv[2])
+
+    async def main():
+        manager = AsyncPathLockManager(url, ttl=2)
+        locks = manager.for_customer(customer)
+
+        async def requests(n):
+            while True:
+                async with locks.lock_paths(f"/Shared/a{n % 3}", shared=["/Shared/b"]):
+                    await locks.try_lock_paths(f"/Shared/c{n}")
+
+        await locks.list_locks()  # open
+
+        def press():
+            # Ctrl-C twice, as an impatient user: the first cancels the
+            # main task, the second raises KeyboardInterrupt wherever the
+            # loop's thread is (asyncio.run's handling of SIGINT).
+            time.sleep(random.uniform(0.05, 0.3))
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(random.uniform(0, 0.003))
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=press, daemon=True).start()
+        await asyncio.gather(*(requests(n) for n in range(8)))
+
+    try:
+        try:
+            asyncio.run(main())
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one after the run
+    except (KeyboardInterrupt, asyncio.CancelledError, RuntimeError):
+        pass  # how asyncio.run ends, depending on where the second one struck
+    print("ended")
+    """
+)
+
+
+def test_ctrl_c_twice_during_asyncio_work_on_sqlite_ends_the_program(
+    sqlite_url: str, customer_id: int
+) -> None:
+    """Attempts on SQLite run on the loop's thread and take connections from a
+    pool that worker threads share; a second Ctrl-C raises wherever that
+    thread is. Whatever it struck, the program ends (a pool lock it left held
+    would hang the worker threads, which the interpreter waits for at exit),
+    and its leases lapse with their ttl."""
+    for _ in range(10):
+        done = subprocess.run(
+            [sys.executable, "-c", _CTRL_C_TWICE_ON_A_LOOP, sqlite_url, str(customer_id)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.stdout.strip() == "ended", done.stderr
+    manager = PathLockManager(sqlite_url, heartbeat=False)
+    try:
+        with manager.for_customer(customer_id).lock_paths("/Shared", timeout=10):
+            pass
+    finally:
+        manager.close()
+
+
 # -- the interpreter's exit --------------------------------------------------------
 
 
