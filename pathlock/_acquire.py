@@ -10,6 +10,7 @@ place in the queue gives it up before this returns.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -195,7 +196,15 @@ class _Steps:
         if isinstance(step, ReadVersion):
             lease_id = request.lease_id if step.handed else None
             return store.watch(
-                request.customer_id, lease_id, step.ahead, held=step.held, deadline=step.deadline
+                request.customer_id,
+                lease_id,
+                step.ahead,
+                held=step.held,
+                deadline=step.deadline,
+                # Threads share reads; a thread that runs an event loop (the
+                # asyncio API) must not wait for another's.
+                shared=asyncio._get_running_loop() is None,
+                asker=request.lease_id,
             )
         if isinstance(step, TakeUp):
             if step.later and self._take_up_later:

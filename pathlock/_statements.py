@@ -1461,3 +1461,44 @@ def watch_statement(*, handed: bool, ahead: bool, held: bool) -> Select[Any]:
     return select(customer_locks.c.version, left, still).where(
         customer_locks.c.customer_id == bindparam("c_id")
     )
+
+
+# The checks of several waiting requests of one process, in one read
+# (Store.watch, pathlock._polls): the version, and where a release handed rows
+# to one of the leases ``:own``, the head of the queue (as WATCH reads it);
+# the live leases among ``:leases`` (their own, and those in their way), each
+# with the fencing token of its rows and how long they have left; the
+# tickets among ``:tickets`` (those ahead of them) still queued.
+WATCHED_HEAD = select(
+    customer_locks.c.version,
+    case(
+        (
+            exists().where(
+                path_locks.c.customer_id == bindparam("c_id"),
+                path_locks.c.lease_id.in_(bindparam("own", expanding=True)),
+                path_locks.c.expires_at > now(),
+            ),
+            QUEUE_HEAD.limit(1).scalar_subquery(),
+        ),
+        else_=null(),
+    ),
+).where(customer_locks.c.customer_id == bindparam("c_id"))
+WATCHED_LEASES = (
+    select(path_locks.c.lease_id, func.min(path_locks.c.fencing_token), null())
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.lease_id.in_(bindparam("leases", expanding=True)),
+        path_locks.c.expires_at > now(),
+    )
+    .group_by(path_locks.c.lease_id)
+)
+# The same with how long their rows have left, where releases hand over (one
+# MySQL or MariaDB server: the only ones whose clock functions count it).
+WATCHED_LEASES_LEFT = WATCHED_LEASES.with_only_columns(
+    path_locks.c.lease_id, func.min(path_locks.c.fencing_token), func.min(_LEFT_US)
+)
+WATCHED_TICKETS = select(path_lock_waiters.c.ticket).where(
+    path_lock_waiters.c.customer_id == bindparam("c_id"),
+    path_lock_waiters.c.ticket.in_(bindparam("tickets", expanding=True)),
+    path_lock_waiters.c.expires_at > now(),
+)

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
+from pathlock._polls import Ask, SharedPolls
 from pathlock._records import (
     Blocked,
     Deadlocked,
@@ -96,9 +97,14 @@ from pathlock._statements import (
     SET_GRANT_UNTIL,
     TAKE_UP,
     UNBUMP,
+    VERSION,
     WAITER_QUEUED,
     WAITERS_ALIVE,
     WAITERS_REMOVED,
+    WATCHED_HEAD,
+    WATCHED_LEASES,
+    WATCHED_LEASES_LEFT,
+    WATCHED_TICKETS,
     blocker_items,
     blockers_query,
     enqueue_if_blocked,
@@ -465,6 +471,11 @@ class Store:
         # Customer id -> (monotonic time, paths) of this manager's last
         # hand-over that granted them.
         self._handed: dict[int, tuple[float, Sequence[PathMode]]] = {}
+        # The checks of this process's waiting requests, one read at a time
+        # per customer.
+        self._polls = SharedPolls(
+            self._watch, gather=self.settings.shared_check, call_time=self.settings.call_time
+        )
 
     def _seen_queued(self, customer_id: int) -> None:
         now = time.monotonic()
@@ -1084,6 +1095,8 @@ class Store:
         *,
         held: Sequence[str] = (),
         deadline: float | None = None,
+        shared: bool = False,
+        asker: str = "",
     ) -> Watched:
         """The customer's sentinel version, by a plain read: it moves on every
         grant and give-up, and on every release that did not hand its paths
@@ -1093,46 +1106,25 @@ class Store:
         releases hand over (see :meth:`release`), also the fencing token of
         the rows a release handed to it, if any. With ``held`` (the leases
         that blocked its last attempt), also whether one of them still has a
-        live row."""
+        live row. ``shared``: the read may be one with the checks of other
+        threads of this process on the customer (see :mod:`pathlock._polls`)."""
+        ask = Ask(lease_id, tuple(ahead), tuple(held), asker)
+        if shared:
+            return self._polls.check(customer_id, ask, deadline)
+        return self._watch(customer_id, [ask], deadline)[0]
 
-        def attempt(connection: Connection, _number: int) -> Watched:
-            parameters: dict[str, Any] = {"c_id": customer_id}
-            if ahead:
-                parameters["ahead"] = list(ahead)
-            if held:
-                parameters["held"] = list(held)
-            # Where releases hand over, the rows handed to the request too.
-            own = lease_id if batch.commits_in_batches(connection) else None
-            looked = own is not None
-            if looked:
-                parameters["l_id"] = own
-            statement = watch_statement(handed=looked, ahead=bool(ahead), held=bool(held))
-            row: Any
-            if batch.rolls_back_in_batches(connection):
-                # The read and its ROLLBACK in one round trip: every waiter
-                # polls this.
-                (read,) = batch.run(connection, [(statement, parameters)], rollback=True)
-                row = read.rows[0] if read.rows else None
-            else:
-                row = connection.execute(statement, parameters).first()
-                connection.rollback()
-            if row is None:
-                return Watched(0, looked=looked)
-            if not looked:
-                version, left, still = row
-                return Watched(int(version), None, _int(left), False, held_left=_int(still))
-            # The one column of a check where releases hand over.
-            version, handed, handed_us, next_in_line, left, still = json.loads(row.item)
-            if handed is not None and own is not None:
-                self._note_heir(customer_id, own, _queue_row(next_in_line))
-            return Watched(
-                int(version),
-                _int(handed),
-                _int(left),
-                True,
-                0.0 if handed_us is None else int(handed_us) / 1_000_000,
-                held_left=_int(still),
-            )
+    def _watch(
+        self, customer_id: int, asks: Sequence[Ask], deadline: float | None
+    ) -> list[Watched]:
+        """The answers to the checks ``asks`` of waiting requests of one
+        customer, in one transaction (see :meth:`watch`)."""
+
+        def attempt(connection: Connection, _number: int) -> list[Watched]:
+            # Where releases hand over, the rows handed to the requests too.
+            looked = batch.commits_in_batches(connection)
+            if len(asks) == 1:
+                return [self._watch_one(connection, customer_id, asks[0], looked)]
+            return self._watch_many(connection, customer_id, asks, looked)
 
         return self._tx.run(
             "watching the queue",
@@ -1141,6 +1133,108 @@ class Store:
             customer_id=customer_id,
             deadline=deadline,
         )
+
+    def _watch_one(
+        self, connection: Connection, customer_id: int, ask: Ask, looked: bool
+    ) -> Watched:
+        """One check, one statement (its ROLLBACK in the same round trip,
+        where it can: every waiter polls this)."""
+        parameters: dict[str, Any] = {"c_id": customer_id}
+        if ask.ahead:
+            parameters["ahead"] = list(ask.ahead)
+        if ask.held:
+            parameters["held"] = list(ask.held)
+        own = ask.lease_id if looked else None
+        looked = own is not None
+        if looked:
+            parameters["l_id"] = own
+        statement = watch_statement(handed=looked, ahead=bool(ask.ahead), held=bool(ask.held))
+        row = self._read_and_roll_back(connection, [(statement, parameters)])[0]
+        if row is None:
+            return Watched(0, looked=looked)
+        if not looked:
+            version, left, still = row
+            return Watched(int(version), None, _int(left), False, held_left=_int(still))
+        # The one column of a check where releases hand over.
+        version, handed, handed_us, next_in_line, left, still = json.loads(row.item)
+        if handed is not None and own is not None:
+            self._note_heir(customer_id, own, _queue_row(next_in_line))
+        return Watched(
+            int(version),
+            _int(handed),
+            _int(left),
+            True,
+            0.0 if handed_us is None else int(handed_us) / 1_000_000,
+            held_left=_int(still),
+        )
+
+    def _watch_many(
+        self, connection: Connection, customer_id: int, asks: Sequence[Ask], looked: bool
+    ) -> list[Watched]:
+        """Several checks, one round trip where statements travel together:
+        the version (and the head of the queue where a release handed rows
+        to one of them), the live leases among those they ask about, the
+        queued tickets among those they ask about."""
+        own = sorted({ask.lease_id for ask in asks if ask.lease_id}) if looked else []
+        leases = sorted({*own, *(lease for ask in asks for lease in ask.held)})
+        tickets = sorted({ticket for ask in asks for ticket in ask.ahead})
+        steps: list[tuple[Any, dict[str, Any]]] = [
+            (WATCHED_HEAD, {"c_id": customer_id, "own": own})
+            if own
+            else (VERSION, {"c_id": customer_id})
+        ]
+        if leases:
+            watched = WATCHED_LEASES_LEFT if looked else WATCHED_LEASES
+            steps.append((watched, {"c_id": customer_id, "leases": leases}))
+        if tickets:
+            steps.append((WATCHED_TICKETS, {"c_id": customer_id, "tickets": tickets}))
+        first, *rest = self._read_and_roll_back(connection, steps, every=True)
+        live = {row[0]: row for row in rest[0]} if leases else {}
+        queued = {row[0] for row in rest[-1]} if tickets else set()
+        head = first[0][1] if first and own else None
+        answers = []
+        for ask in asks:
+            mine = ask.lease_id if looked else None
+            if not first:
+                answers.append(Watched(0, looked=mine is not None))
+                continue
+            left = len(queued.intersection(ask.ahead)) if ask.ahead else None
+            still = int(any(lease in live for lease in ask.held)) if ask.held else None
+            handed = live.get(mine) if mine is not None else None
+            if handed is not None:
+                self._note_heir(customer_id, handed[0], _queue_row(head))
+            answers.append(
+                Watched(
+                    int(first[0][0]),
+                    None if handed is None else int(handed[1]),
+                    left,
+                    mine is not None,
+                    0.0 if handed is None or handed[2] is None else int(handed[2]) / 1_000_000,
+                    held_left=still,
+                )
+            )
+        return answers
+
+    @staticmethod
+    def _read_and_roll_back(
+        connection: Connection,
+        steps: Sequence[tuple[Any, dict[str, Any]]],
+        *,
+        every: bool = False,
+    ) -> list[Any]:
+        """Plain reads, then ROLLBACK: in one round trip where it can. Each
+        read's first row (``None``: none), or with ``every`` its rows."""
+        replies: list[Sequence[Any]]
+        if batch.rolls_back_in_batches(connection):
+            replies = [reply.rows for reply in batch.run(connection, steps, rollback=True)]
+        else:
+            replies = [
+                connection.execute(statement, parameters).all() for statement, parameters in steps
+            ]
+            connection.rollback()
+        if every:
+            return replies
+        return [rows[0] if rows else None for rows in replies]
 
     def take_up(self, request: GrantRequest, *, deadline: float | None = None) -> bool:
         """Take up the rows a release handed to ``request`` (see

@@ -64,6 +64,9 @@ class Settings:
     - ``hand_over_window`` (seconds, default 0.05): how long the next request
       in line checks that often after it became next (or attempted); then as
       the wait policy says.
+    - ``shared_check`` (seconds, default 0.01): while several requests of one
+      process wait on a customer, the shortest time between two reads of that
+      customer's queue for their checks (one read answers all of them).
     - ``waiter_ttl`` (seconds, default 5.0): how soon a waiting request that
       died stops blocking the requests behind it.
 
@@ -157,6 +160,15 @@ class Settings:
     for minutes read the database a thousand times a second for minutes.
     Afterwards it notices paths handed to it within the wait policy's gaps
     (10 ms at most by default), which a hold that long hardly feels."""
+
+    shared_check: float = 0.01
+    """While several threads of one process wait on one customer, the
+    shortest time between two reads of that customer's queue made for
+    different waiting requests: the checks that come due meanwhile wait for
+    the next read, and one read answers all of them, so the process reads
+    the customer about once per this interval, however many of its threads wait
+    (docs/BENCHMARKS-CROWD.md). A request that waits alone in its process
+    checks when it is due; the asyncio API's requests check by themselves."""
 
     waiter_ttl: float = 5.0
     """How long a queued request's row lives without a refresh (a waiter

@@ -1,0 +1,108 @@
+"""The checks of several waiting requests of one process answered by one
+read (pathlock._polls): the answers are those of one read per check, and
+threads waiting on one customer keep being served in order."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pathlock import PathLockManager, Settings
+from pathlock._polls import Ask
+from pathlock._records import Watched
+
+pytestmark = pytest.mark.timeout(120)
+
+GONE = 2**62  # a ticket nobody has
+
+
+def _until(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    ends = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < ends, "never happened"
+        time.sleep(0.01)
+
+
+def _same(many: Watched, one: Watched) -> None:
+    """Equal, but for how long handed rows have left (read at two times)."""
+    assert dataclasses.replace(many, handed_for=0.0) == dataclasses.replace(one, handed_for=0.0)
+    assert abs(many.handed_for - one.handed_for) < 2.0
+
+
+def test_one_read_answers_each_check_as_a_read_of_its_own(
+    database_url: str, customer_id: int
+) -> None:
+    manager = PathLockManager(database_url, heartbeat=False)
+    locks = manager.for_customer(customer_id)
+    held = locks.lock_paths("/Shared/a", owner="holder")
+    other = locks.lock_paths("/Shared/z", owner="other")
+
+    def wait(number: int) -> None:
+        with locks.lock_paths("/Shared/a", owner=f"waiter-{number}", timeout=60):
+            pass
+
+    waiting = [threading.Thread(target=wait, args=(n,)) for n in range(2)]
+    try:
+        for thread in waiting:
+            thread.start()
+        _until(lambda: len(manager.list_waiters(customer_id)) == 2)
+        first, second = manager.list_waiters(customer_id)
+        store = manager._store
+        asks = [
+            # Rows of its own (as if handed over), a ticket still queued and
+            # one gone, a lease that holds and one that does not.
+            Ask(held.lease_id, (first.ticket, GONE), (other.lease_id, "no-such-lease")),
+            Ask(first.lease_id, (second.ticket, first.ticket), ("no-such-lease",)),
+            Ask(None, (), ()),
+            Ask("no-such-lease", (), (held.lease_id,)),
+            Ask(None, (GONE, GONE + 1), ()),
+        ]
+        many = store._watch(customer_id, asks, None)
+        alone = [store._watch(customer_id, [ask], None)[0] for ask in asks]
+        for answer, own in zip(many, alone, strict=True):
+            _same(answer, own)
+        assert [answer.held_left for answer in many] == [1, 0, None, 1, None]
+        assert [answer.ahead_left for answer in many] == [1, 2, None, None, 0]
+        if many[0].looked:  # where releases hand over (MariaDB)
+            assert [answer.handed for answer in many[:2]] == [held.fencing_token, None]
+    finally:
+        held.release()
+        for thread in waiting:
+            thread.join(60)
+        other.release()
+        manager.close()
+
+
+def test_threads_waiting_on_one_customer_are_served_in_order(
+    database_url: str, customer_id: int
+) -> None:
+    """30 threads queue one after the other for one path, whose holder keeps
+    it 0.3 s: their checks share reads (they are due together), and each is
+    granted in the order it queued."""
+    manager = PathLockManager(database_url, settings=Settings(shared_check=0.05))
+    locks = manager.for_customer(customer_id)
+    order: list[int] = []
+    holder = locks.lock_paths("/Shared/a", owner="holder")
+
+    def wait(number: int) -> None:
+        with locks.lock_paths("/Shared/a", owner=f"waiter-{number}", timeout=60):
+            order.append(number)
+
+    threads = []
+    try:
+        for number in range(30):
+            thread = threading.Thread(target=wait, args=(number,))
+            thread.start()
+            threads.append(thread)
+            _until(lambda number=number: len(manager.list_waiters(customer_id)) == number + 1)
+        time.sleep(0.3)
+    finally:
+        holder.release()
+        for thread in threads:
+            thread.join(60)
+        manager.close()
+    assert order == list(range(30))
