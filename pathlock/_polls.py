@@ -55,7 +55,9 @@ class Ask:
     settled: bool = False
     # The read handed to this check, to make for the checks it lists.
     lead: _Reading | None = None
-    event: threading.Event = field(default_factory=threading.Event)
+    # Set when the check is answered or handed a read: made when it joins
+    # another's read (a check that reads at once never waits).
+    event: threading.Event | None = None
 
 
 Read = Callable[[int, Sequence[Ask], float | None], list[Watched]]
@@ -115,11 +117,11 @@ class SharedPolls:
                 last = self._last.get(customer_id)
                 if last is not None and now < last[0] + self._gather and last[1] != ask.asker:
                     mine.gather_until = min(last[0] + self._gather, ends)
-            elif reading.gather_until:
-                reading.batch.append(ask)
-                mine = None
+                else:
+                    self._begins(customer_id, mine)
             else:
-                reading.asks.append(ask)
+                ask.event = threading.Event()
+                (reading.batch if reading.gather_until else reading.asks).append(ask)
                 mine = None
         if mine is None:
             assert reading is not None  # noqa: S101 - it joined this one
@@ -135,8 +137,10 @@ class SharedPolls:
         or to be handed the next read (returned). ``None``: answered, or to
         read alone (no answer came in time, or the read failed)."""
         lead: _Reading | None = None
+        event = ask.event
+        assert event is not None  # noqa: S101 - made as it joined
         try:
-            ask.event.wait(max(0.0, ends - time.monotonic()))
+            event.wait(max(0.0, ends - time.monotonic()))
             with held_back(), self._lock:
                 lead, ask.lead = ask.lead, None
                 if lead is None and not ask.settled:
@@ -164,10 +168,9 @@ class SharedPolls:
         try:
             if mine.gather_until:
                 time.sleep(max(0.0, mine.gather_until - time.monotonic()))
-            with held_back(), self._lock:
-                mine.gather_until = 0.0  # the batch is complete
-                asker = mine.batch[0].asker if len(mine.batch) == 1 else ""
-                self._last[customer_id] = (time.monotonic(), asker)
+                with held_back(), self._lock:
+                    mine.gather_until = 0.0  # the batch is complete
+                    self._begins(customer_id, mine)
             answers = self._read(customer_id, mine.batch, deadline)
         finally:
             with held_back(), self._lock:
@@ -175,7 +178,7 @@ class SharedPolls:
                     if other is not ask:
                         other.answer = None if answers is None else answers[index]
                         other.settled = True
-                        other.event.set()
+                        other.event.set()  # type: ignore[union-attr] # joined: has one
                 self._hand_on(customer_id, mine)
         return answers[mine.batch.index(ask)]
 
@@ -191,14 +194,21 @@ class SharedPolls:
             following = _Reading(time.monotonic(), done.asks)
             if current:
                 self._reading[customer_id] = following
+            self._begins(customer_id, following)
             self._give(following)
+
+    def _begins(self, customer_id: int, reading: _Reading) -> None:
+        """``reading``'s checks are all known: it is the customer's last read
+        from now on (see :meth:`check`). Under the lock."""
+        asker = reading.batch[0].asker if len(reading.batch) == 1 else ""
+        self._last[customer_id] = (time.monotonic(), asker)
 
     @staticmethod
     def _give(reading: _Reading) -> None:
         """Hand ``reading`` to the first check of its batch. Under the lock."""
         first = reading.batch[0]
         first.lead = reading
-        first.event.set()
+        first.event.set()  # type: ignore[union-attr] # joined: has one
 
     def _drop(self, customer_id: int, ask: Ask) -> None:
         """Take ``ask`` out of the checks waiting for a read that has not
