@@ -471,11 +471,21 @@ class Store:
         # Customer id -> (monotonic time, paths) of this manager's last
         # hand-over that granted them.
         self._handed: dict[int, tuple[float, Sequence[PathMode]]] = {}
-        # The checks of this process's waiting requests, one read at a time
-        # per customer.
-        self._polls = SharedPolls(
+        # The checks of this process's waiting requests, read together per
+        # customer.
+        self._polls = self._new_polls()
+
+    def _new_polls(self) -> SharedPolls:
+        return SharedPolls(
             self._watch, gather=self.settings.shared_check, call_time=self.settings.call_time
         )
+
+    def after_fork(self) -> None:
+        """In a forked child: the reads of the parent's threads are not the
+        child's to wait for, and a lock one of them held at the fork would
+        stay held for ever."""
+        self.router.after_fork()
+        self._polls = self._new_polls()
 
     def _seen_queued(self, customer_id: int) -> None:
         now = time.monotonic()

@@ -506,7 +506,7 @@ class PathLockManager:
         release or renew them), and its own threads and internal locks."""
         inherited = list(self._leases.values())
         for store in (self._store, self._renewals):
-            store.router.after_fork()
+            store.after_fork()
             for node in store.router.nodes:
                 node.engine.dispose(close=False)
         self._wakeups = self._new_wakeups()

@@ -31,6 +31,7 @@ from pathlock import (
     ManagerClosed,
     PathLockManager,
     Settings,
+    _polls,
     waiting,
 )
 from pathlock import _batch as batch
@@ -291,6 +292,38 @@ def test_a_child_forked_while_a_thread_held_the_dropped_sessions_lock_can_lock(
     with _held_by_another_thread(node.dropped._lock):
         assert _in_child(child) == 0
     assert node.dropped  # the parent's, still to be ended by the parent
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_child_forked_while_a_thread_read_for_the_waiters_can_wait(
+    used_manager: PathLockManager, customer_id: int
+) -> None:
+    # The waiting threads of a process read their customer together: a read
+    # under way in the parent, and the lock of those reads held, at the fork.
+    polls = used_manager._store._polls
+    polls._reading[customer_id] = _polls._Reading(time.monotonic(), [])
+    locks = used_manager.for_customer(customer_id)
+    holder = locks.lock_paths("/Shared/a")
+
+    def child() -> int:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(20)  # a hang kills the child instead of the whole test run
+        began = time.monotonic()
+        mine = used_manager.for_customer(customer_id)
+        # Waits for the parent's lease, checking: its checks must not wait
+        # for the parent's read, nor for its lock.
+        try:
+            mine.lock_paths("/Shared/a", timeout=0.5)
+        except LockTimeout:
+            return 0 if time.monotonic() - began < 5 else 1
+        return 1  # granted: the parent's lease was not in its way
+
+    try:
+        with _held_by_another_thread(polls._lock):
+            assert _in_child(child) == 0
+    finally:
+        polls._reading.pop(customer_id, None)
+        holder.release()
 
 
 # -- interrupts ---------------------------------------------------------------------
