@@ -59,6 +59,7 @@ from pathlock._statements import (
     CLAIM,
     CLAIM_IF_GRANTED,
     CLAIM_SENTINELS,
+    COUNTED_DOWN_OR_QUEUED,
     DEQUEUE,
     DEQUEUE_IF_GRANTED,
     ENQUEUE,
@@ -77,7 +78,6 @@ from pathlock._statements import (
     LOCK_SENTINELS,
     LOCKS_ADDED,
     LOCKS_REMOVED,
-    LOCKS_REMOVED_LEFT,
     MAX_AHEAD,
     MAX_BLOCKERS,
     MAX_WAITERS,
@@ -88,7 +88,6 @@ from pathlock._statements import (
     OWNER_LOCKS,
     QUEUE_HEAD,
     QUEUE_ITEM,
-    READ_IF_QUEUED,
     REFRESH_WAITERS,
     RELEASE,
     RELEASE_BEFORE_HAND_OVER,
@@ -112,6 +111,7 @@ from pathlock._statements import (
     grant_statement,
     lean_grant,
     queued_in_the_way,
+    release_said,
     shape,
     watch_statement,
 )
@@ -1638,31 +1638,28 @@ class Store:
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]
     ) -> tuple[int, _Queue | None]:
         """A release for a customer not seen with a queue lately: in one round
-        trip, its COMMIT included, the rows deleted and counted, and the
+        trip, its COMMIT included, the rows deleted and counted down, and the
         version read only where requests may be queued (see
-        ``READ_IF_QUEUED``); then, only there, the head of the queue read, for
-        :meth:`_hand_over`. The rows deleted, and what :meth:`_hand_over`
-        needs if anyone waits.
+        ``COUNTED_DOWN_OR_QUEUED``); then, only there, the head of the queue
+        read, for :meth:`_hand_over`. The rows deleted, and what
+        :meth:`_hand_over` needs if anyone waits.
 
         The rows go before the sentinel row is locked: a grant meanwhile
         sees them live (committed), is denied and queues, and the count then
         says so."""
-        deleted, counted, queued = batch.run(
+        deleted, counted = batch.run(
             connection,
-            [
-                (RELEASE, parameters),
-                (LOCKS_REMOVED_LEFT, parameters),
-                (READ_IF_QUEUED, {"c_id": customer_id}),
-            ],
+            [(RELEASE, parameters), (COUNTED_DOWN_OR_QUEUED, parameters)],
             commit=True,
         )
-        if not queued.rowcount:
+        version, left = release_said(counted.lastrowid) if counted.rowcount else (None, None)
+        if version is None:
             if deleted.rowcount and not counted.rowcount:
                 # Rows without a sentinel row (an operator deleted it): as
                 # _release_in_one.
                 self._tx.bump(connection, customer_id)
                 connection.commit()
-            elif counted.rowcount and not counted.lastrowid:
+            elif left == 0:
                 # Nothing left, nobody queued: the next grant needs no search.
                 self._busy.pop(customer_id, None)
             return int(deleted.rowcount), None
@@ -1673,7 +1670,7 @@ class Store:
         connection.rollback()
         if not head.rows:
             return int(deleted.rowcount), None
-        return int(deleted.rowcount), _queue(customer_id, queued.lastrowid, head.rows)
+        return int(deleted.rowcount), _queue(customer_id, version, head.rows)
 
     def _release_in_one(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]

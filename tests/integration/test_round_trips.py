@@ -153,9 +153,9 @@ def test_an_uncontended_acquire_and_release_are_two_round_trips(
     """Each with its COMMIT, and neither searches: the customer has no lock
     and no queued request (its sentinel row counts them), so the acquire
     writes the sentinel row only if its counts are zero, and inserts only if
-    it did; the release deletes, counts what is left, and reads the version
-    only if requests may be queued (none: nothing to hand over, and the
-    version does not move)."""
+    it did; the release deletes, and in one statement counts what is left
+    and reads the version only if requests may be queued (none: nothing to
+    hand over, and the version does not move)."""
     with PathLockManager(mariadb_url, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         locks.lock_paths("/warm").release()  # the sentinel row exists
@@ -164,12 +164,35 @@ def test_an_uncontended_acquire_and_release_are_two_round_trips(
             lease.release()
         assert [_statements(command) for command in commands] == [
             ["UPDATE", "INSERT", "COMMIT"],
-            ["DELETE", "UPDATE", "UPDATE", "COMMIT"],
+            ["DELETE", "UPDATE", "COMMIT"],
         ], commands
         assert lease.fencing_token == _version(manager, customer_id)
         assert "lock_rows = 0" in commands[0]
         assert "waiter_rows = 0" in commands[0]
         assert "EXISTS" not in commands[0]
+
+
+def test_the_grant_after_the_last_release_needs_no_search_again(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grant beside another lock of the customer searches (its attempt
+    without searches was refused: the customer holds a lock); the release
+    that leaves the customer nothing says so in its reply, and the next
+    grant goes without searches again, while a release that leaves a lock
+    does not."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        first = locks.lock_paths("/a")
+        second = locks.lock_paths("/b")  # beside /a: searches from now on
+        first.release()  # /b is left
+        with sent(monkeypatch) as commands:
+            locks.lock_paths("/c").release()
+        assert "EXISTS" in commands[0], commands
+        second.release()  # nothing is left
+        with sent(monkeypatch) as commands:
+            locks.lock_paths("/d").release()
+        assert _statements(commands[0]) == ["UPDATE", "INSERT", "COMMIT"], commands
+        assert "EXISTS" not in commands[0], commands
 
 
 def test_a_denied_attempt_commits_no_write(
