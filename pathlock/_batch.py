@@ -36,7 +36,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled, SQLCompiler
-from sqlalchemy.sql.expression import Executable
+from sqlalchemy.sql.expression import Executable, TextClause
 
 from pathlock import _deadlines as deadlines
 from pathlock import dialects
@@ -161,36 +161,36 @@ def run(
     unbegun = _begin(connection, end)
     proxied = connection.connection
     error_class = dialect.loaded_dbapi.Error
-    cursor = proxied.dbapi_connection.cursor()  # type: ignore[union-attr]
+    dbapi_connection: Any = proxied.dbapi_connection
+    direct = hasattr(dbapi_connection, "send_batch") and _rowless(dialect, steps)
+    cursor = None if direct else dbapi_connection.cursor()
     limit = deadlines.current() if commit else None
     if limit is not None:
         limit.commit_unanswered = True
-    committing = False  # every statement answered: the COMMIT's reply is next
+    replies: list[Reply] = []
     try:
-        cursor.execute(sql, parameters)
-        replies = _replies(cursor, len(steps))
-        if end is not None:
-            committing = commit
-            cursor.nextset()  # the COMMIT's or ROLLBACK's reply
+        if cursor is None:
+            dbapi_connection.send_batch(sql, parameters)
+            _read_replies(dbapi_connection, len(steps), end, replies)
+        else:
+            cursor.execute(sql, parameters)
+            _replies(cursor, len(steps), end, replies)
     except error_class as error:
         if unbegun:
             # The server's transaction is open: so is SQLAlchemy's again,
             # as if begun before the query (its begin sends nothing here),
             # and the caller's rollback() sends the ROLLBACK.
             connection.begin()
-        lost = dialect.is_disconnect(error, proxied.dbapi_connection, cursor)
-        if limit is not None and not lost and not committing:
-            limit.commit_unanswered = False  # a statement refused: no COMMIT ran
-        if lost:
-            connection.invalidate(error)
-        raise DBAPIError.instance(
-            sql, parameters, error, error_class, connection_invalidated=lost, dialect=dialect
+        # Every statement answered: the error is the COMMIT's own.
+        committing = commit and len(replies) == len(steps)
+        raise _failure(
+            connection, cursor, (sql, parameters), error, refused=None if committing else limit
         ) from error
     finally:
         # Closing reads any results left after an error; the connection may
         # be gone by then.
         with contextlib.suppress(error_class):
-            cursor.close()
+            (dbapi_connection.drain if cursor is None else cursor.close)()
     if limit is not None:
         limit.commit_unanswered = False
     if not unbegun:
@@ -199,6 +199,36 @@ def run(
         elif rollback:
             _ended(connection, connection.rollback)
     return replies
+
+
+def _failure(
+    connection: Connection,
+    cursor: Any,
+    sent: tuple[str, Any],
+    error: Any,
+    *,
+    refused: deadlines.Limit | None,
+) -> DBAPIError:
+    """The error to raise for the driver's ``error`` in a batch (``sent``:
+    its SQL and parameters); a lost connection invalidated. ``refused``: the
+    limit whose COMMIT is unanswered, if the error was a statement's."""
+    dialect = connection.dialect
+    lost = dialect.is_disconnect(error, connection.connection.dbapi_connection, cursor)
+    if refused is not None and not lost:
+        refused.commit_unanswered = False  # a statement refused: no COMMIT ran
+    if lost:
+        connection.invalidate(error)
+    sql, parameters = sent
+    failure = DBAPIError.instance(
+        sql,
+        parameters,
+        error,
+        dialect.loaded_dbapi.Error,
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
+    assert isinstance(failure, DBAPIError)  # noqa: S101 - the driver's errors make one
+    return failure
 
 
 def _begin(connection: Connection, end: str | None) -> bool:
@@ -217,11 +247,32 @@ def _begin(connection: Connection, end: str | None) -> bool:
     return False
 
 
-def _replies(cursor: Any, count: int) -> list[Reply]:
-    """The replies to a batch's ``count`` statements: one result each, or
-    the error of the one that failed (SQLAlchemy's asyncio adapter does not
-    pass nextset()'s answer on)."""
-    replies: list[Reply] = []
+def _rowless(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> bool:
+    """Whether no statement of ``steps`` returns rows: each is an INSERT,
+    UPDATE or DELETE without RETURNING, or a SET. Their replies can be read
+    without a cursor, where the connection can
+    (:mod:`pathlock.dialects._pymysql`)."""
+    key = (dialect, tuple([statement for statement, _ in steps]))
+    known = _ROWLESS.get(key)
+    if known is None:
+        if len(_ROWLESS) >= _PLANS_KEPT:
+            _ROWLESS.clear()
+        known = _ROWLESS[key] = all(_returns_no_rows(statement, dialect) for statement in key[1])
+    return known
+
+
+def _returns_no_rows(statement: Executable, dialect: Dialect) -> bool:
+    if isinstance(statement, TextClause):
+        return statement.text.lstrip()[:4].upper() == "SET "
+    compiled = _compiled(statement, dialect)
+    return bool(statement.is_dml) and not getattr(compiled, "effective_returning", None)
+
+
+def _replies(cursor: Any, count: int, end: str | None, replies: list[Reply]) -> None:
+    """Add to ``replies`` the replies to a batch's ``count`` statements, one
+    result each, then read the reply to its ``end``; or raise the error of
+    the one that failed (SQLAlchemy's asyncio adapter does not pass
+    nextset()'s answer on)."""
     for number in range(count):
         if number:
             cursor.nextset()
@@ -230,7 +281,18 @@ def _replies(cursor: Any, count: int) -> list[Reply]:
             row = _row_type(tuple([column[0] for column in cursor.description]))
             rows = tuple(map(row._make, cursor.fetchall()))
         replies.append(Reply(cursor.rowcount, cursor.lastrowid, rows))
-    return replies
+    if end is not None:
+        cursor.nextset()  # the COMMIT's or ROLLBACK's reply
+
+
+def _read_replies(dbapi_connection: Any, count: int, end: str | None, replies: list[Reply]) -> None:
+    """:func:`_replies`, read without a cursor: statements that return no
+    rows, on a connection that can (:mod:`pathlock.dialects._pymysql`)."""
+    changes = dbapi_connection.changes
+    for _ in range(count):
+        replies.append(Reply(*changes()))  # noqa: PERF401 - as read: one may fail
+    if end is not None:
+        changes()
 
 
 def _compose(
@@ -303,6 +365,8 @@ class _Batch(NamedTuple):
 # statement (a statement whose values are written into its SQL).
 _LAYOUTS: dict[tuple[Any, ...], _Layout | None] = {}
 _BATCHES: dict[tuple[Any, ...], _Batch] = {}
+# Per (dialect, statements): whether none returns rows.
+_ROWLESS: dict[tuple[Any, ...], bool] = {}
 
 
 def _layout(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> _Layout | None:

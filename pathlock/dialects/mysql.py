@@ -18,6 +18,7 @@ from sqlalchemy.types import TypeEngine
 
 from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
+from pathlock.dialects import _pymysql
 from pathlock.dialects.base import (
     COMMIT_ALONE,
     ISOLATION_LEVEL,
@@ -362,6 +363,8 @@ def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any
     # Connections whose socket waits end with their caller's time (deadlines.py).
     # A wait on the network: a Ctrl-C may end it (interrupts.py).
     with interrupts.let_through():
+        if _pymysql.DIRECT:
+            return _pymysql.Connection(*cargs, **cparams)
         return deadlines.BoundedConnection(*cargs, **cparams)
 
 

@@ -1,6 +1,7 @@
 """Faults at the next COMMIT this process sends over PyMySQL, wherever it is
 sent: on its own (``Connection.commit()``, a grant's), or as the last
-statement of a batch (a release's, see ``pathlock/_batch.py``).
+statement of a batch (a release's, see ``pathlock/_batch.py``), whose replies
+are read by a cursor or without one (``pathlock/dialects/_pymysql.py``).
 
 - :meth:`CommitFaults.lose_reply`: the COMMIT lands, and its reply is lost
   (the connection fails as if cut during the COMMIT).
@@ -22,6 +23,8 @@ import pymysql.connections
 import pymysql.cursors
 import pymysql.err
 import pytest
+
+from pathlock.dialects import _pymysql
 
 Connection = pymysql.connections.Connection
 
@@ -81,6 +84,7 @@ class CommitFaults:
         monkeypatch.setattr(Connection, "commit", faulty_commit)
         monkeypatch.setattr(Connection, "_execute_command", faulty_send)
         monkeypatch.setattr(pymysql.cursors.Cursor, "nextset", faulty_nextset)
+        _without_cursor(monkeypatch)
 
     def lose_reply(self, code: int = 2013, *, stall: float = 0.0) -> None:
         """The next COMMIT lands; then, after ``stall`` seconds, the
@@ -131,3 +135,23 @@ class CommitFaults:
     def _take(self) -> Callable[[Connection, bool], None] | None:
         with self._lock:
             return self._armed.pop(0) if self._armed else None
+
+
+def _without_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The faults of :class:`CommitFaults`, for a batch whose replies are read
+    without a cursor: armed on the connection when the batch is sent."""
+    changes = _pymysql.Connection.changes
+
+    def faulty_changes(self: _pymysql.Connection) -> tuple[int, int]:
+        fault = getattr(self, "_pathlock_fault", None)
+        refuses = getattr(fault, "refuses", False)
+        if fault is not None and refuses and not self._pathlock_pending:
+            self._pathlock_fault = None
+            fault(self, True)  # the COMMIT's reply: refused
+        reply = changes(self)
+        if fault is not None and not refuses and not self._pathlock_pending:
+            self._pathlock_fault = None
+            fault(self, False)  # the COMMIT landed: its reply is lost
+        return reply
+
+    monkeypatch.setattr(_pymysql.Connection, "changes", faulty_changes)

@@ -1,0 +1,189 @@
+"""The replies of a batch whose statements return no rows, read without a
+cursor on the PyMySQL connections pathlock creates
+(``pathlock/dialects/_pymysql.py``): every size of count and id the protocol
+encodes, a statement refused in the middle, and interrupts between and
+inside replies, against the server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql.cursors
+import pymysql.err
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import DBAPIError
+
+from pathlock import PathLockManager
+from pathlock import _batch as batch
+from pathlock.dialects import _pymysql
+
+_metadata = MetaData()
+_rows = Table(
+    "direct_replies",
+    _metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("n", BigInteger, nullable=False),
+    Column("word", String(200), nullable=False, server_default=""),
+)
+_SIZES = [0, 250, 251, 2**16 - 1, 2**16, 2**24 - 1, 2**24, 2**40, 2**62]
+
+
+@pytest.fixture
+def connection(mariadb_url: str) -> Iterator[Connection]:
+    """A connection of an engine pathlock created, beside a scratch table
+    of 300 rows."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        with manager.engine.begin() as setup:
+            _metadata.drop_all(setup)
+            _metadata.create_all(setup)
+            setup.execute(insert(_rows), [{"n": number} for number in range(300)])
+        with manager.engine.connect() as connection:
+            assert isinstance(connection.connection.dbapi_connection, _pymysql.Connection)
+            yield connection
+            connection.rollback()
+        with manager.engine.begin() as cleanup:
+            _metadata.drop_all(cleanup)
+
+
+def _given(number: int) -> Any:
+    """A statement that matches one row and gives LAST_INSERT_ID() the
+    value ``:v<number>``."""
+    return (
+        update(_rows)
+        .where(_rows.c.id == 1)
+        .values(n=func.last_insert_id(bindparam(f"v{number}", type_=BigInteger)))
+    )
+
+
+def _count(connection: Connection) -> int:
+    return int(connection.execute(select(func.count()).select_from(_rows)).scalar_one())
+
+
+def test_counts_and_ids_of_every_size_are_read(connection: Connection) -> None:
+    steps = [(_given(number), {f"v{number}": value}) for number, value in enumerate(_SIZES)]
+    steps.append((delete(_rows).where(_rows.c.n >= 0), {}))  # 300 rows
+    replies = batch.run(connection, steps, rollback=True)
+    assert [reply.lastrowid for reply in replies[:-1]] == _SIZES
+    assert [reply.rowcount for reply in replies[:-1]] == [1] * len(_SIZES)
+    assert replies[-1].rowcount == 300
+    assert _count(connection) == 300  # rolled back
+    connection.rollback()
+
+
+@pytest.mark.parametrize("backslashes", ["escapes", "NO_BACKSLASH_ESCAPES"])
+def test_text_arrives_as_given(connection: Connection, backslashes: str) -> None:
+    """Escaped as PyMySQL escapes it, in either mode of the server's."""
+    if backslashes == "NO_BACKSLASH_ESCAPES":
+        mode = "CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')"
+        connection.execute(text(f"SET SESSION sql_mode = {mode}"))
+    word = "it's a \\ path\n\x00\x1a\"' OR 1=1 -- ü/€"
+    written = update(_rows).where(_rows.c.id == 1).values(word=bindparam("w", type_=String))
+    replies = batch.run(connection, [(written, {"w": word})], commit=True)
+    assert replies[0].rowcount == 1
+    read = select(_rows.c.word).where(_rows.c.id == 1)
+    assert connection.execute(read).scalar_one() == word
+    connection.rollback()
+
+
+def test_no_cursor_reads_an_uncontended_acquire_and_release(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[object] = []
+    nextset = pymysql.cursors.Cursor.nextset
+
+    def counted(self: pymysql.cursors.Cursor) -> Any:
+        read.append(self)
+        return nextset(self)
+
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/warm").release()
+        monkeypatch.setattr(pymysql.cursors.Cursor, "nextset", counted)
+        lease = locks.lock_paths("/a")
+        lease.release()
+        assert read == []
+        assert lease.released
+
+
+def test_a_statement_refused_in_the_middle_leaves_the_connection_in_step(
+    connection: Connection,
+) -> None:
+    duplicate = insert(_rows).values(id=bindparam("row", type_=Integer), n=0)
+    steps = [(delete(_rows).where(_rows.c.id > 1), {}), (duplicate, {"row": 1})]
+    with pytest.raises(DBAPIError) as refused:
+        batch.run(connection, steps, commit=True)
+    assert isinstance(refused.value.orig, pymysql.err.IntegrityError)
+    assert refused.value.orig.args[0] == 1062
+    assert not refused.value.connection_invalidated
+    # The statement before it ran, the COMMIT did not: nothing is left to
+    # read, and the next query gets its own reply.
+    assert _count(connection) == 1
+    connection.rollback()
+    assert _count(connection) == 300
+
+
+def test_an_interrupt_between_replies_leaves_the_rest_read(
+    connection: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    changes = _pymysql.Connection.changes
+    calls: list[int] = []
+
+    def interrupted(self: _pymysql.Connection) -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return changes(self)
+
+    monkeypatch.setattr(_pymysql.Connection, "changes", interrupted)
+    steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(connection, steps, rollback=True)
+    monkeypatch.undo()
+    dbapi_connection = connection.connection.dbapi_connection
+    assert isinstance(dbapi_connection, _pymysql.Connection)
+    assert not dbapi_connection._pathlock_pending
+    # The rest of the replies were read: the next query gets its own.
+    assert connection.execute(text("SELECT 12345")).scalar_one() == 12345
+
+
+def test_an_interrupt_inside_a_reply_closes_the_connection(
+    connection: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_bytes = _pymysql.Connection._read_bytes
+    reads: list[int] = []
+
+    def interrupted(self: _pymysql.Connection, count: int) -> bytes:
+        reads.append(count)
+        if len(reads) == 3:  # the second reply's header: read, its body not
+            raise KeyboardInterrupt
+        return bytes(read_bytes(self, count))
+
+    monkeypatch.setattr(_pymysql.Connection, "_read_bytes", interrupted)
+    steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(connection, steps, rollback=True)
+    monkeypatch.undo()
+    dbapi_connection = connection.connection.dbapi_connection
+    assert isinstance(dbapi_connection, _pymysql.Connection)
+    # What follows on the socket is not a reply to anything sent next.
+    assert dbapi_connection._sock is None
+    with pytest.raises(DBAPIError) as closed:
+        connection.execute(text("SELECT 1"))
+    assert closed.value.connection_invalidated
