@@ -36,7 +36,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled, SQLCompiler
-from sqlalchemy.sql.expression import Executable, TextClause
+from sqlalchemy.sql.expression import Executable
 
 from pathlock import _deadlines as deadlines
 from pathlock import dialects
@@ -162,8 +162,7 @@ def run(
     proxied = connection.connection
     error_class = dialect.loaded_dbapi.Error
     dbapi_connection: Any = proxied.dbapi_connection
-    direct = hasattr(dbapi_connection, "send_batch") and _rowless(dialect, steps)
-    cursor = None if direct else dbapi_connection.cursor()
+    cursor = None if hasattr(dbapi_connection, "send_batch") else dbapi_connection.cursor()
     limit = deadlines.current() if commit else None
     if limit is not None:
         limit.commit_unanswered = True
@@ -247,27 +246,6 @@ def _begin(connection: Connection, end: str | None) -> bool:
     return False
 
 
-def _rowless(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> bool:
-    """Whether no statement of ``steps`` returns rows: each is an INSERT,
-    UPDATE or DELETE without RETURNING, or a SET. Their replies can be read
-    without a cursor, where the connection can
-    (:mod:`pathlock.dialects._pymysql`)."""
-    key = (dialect, tuple([statement for statement, _ in steps]))
-    known = _ROWLESS.get(key)
-    if known is None:
-        if len(_ROWLESS) >= _PLANS_KEPT:
-            _ROWLESS.clear()
-        known = _ROWLESS[key] = all(_returns_no_rows(statement, dialect) for statement in key[1])
-    return known
-
-
-def _returns_no_rows(statement: Executable, dialect: Dialect) -> bool:
-    if isinstance(statement, TextClause):
-        return statement.text.lstrip()[:4].upper() == "SET "
-    compiled = _compiled(statement, dialect)
-    return bool(statement.is_dml) and not getattr(compiled, "effective_returning", None)
-
-
 def _replies(cursor: Any, count: int, end: str | None, replies: list[Reply]) -> None:
     """Add to ``replies`` the replies to a batch's ``count`` statements, one
     result each, then read the reply to its ``end``; or raise the error of
@@ -286,13 +264,17 @@ def _replies(cursor: Any, count: int, end: str | None, replies: list[Reply]) -> 
 
 
 def _read_replies(dbapi_connection: Any, count: int, end: str | None, replies: list[Reply]) -> None:
-    """:func:`_replies`, read without a cursor: statements that return no
-    rows, on a connection that can (:mod:`pathlock.dialects._pymysql`)."""
-    changes = dbapi_connection.changes
+    """:func:`_replies`, read without a cursor, on a connection that can
+    (:mod:`pathlock.dialects._pymysql`)."""
+    reply = dbapi_connection.reply
     for _ in range(count):
-        replies.append(Reply(*changes()))  # noqa: PERF401 - as read: one may fail
+        changed, inserted, names, rows = reply()
+        if names is None:
+            replies.append(Reply(changed, inserted))
+        else:
+            replies.append(Reply(changed, inserted, tuple(map(_row_type(names)._make, rows))))
     if end is not None:
-        changes()
+        reply()  # the COMMIT's or ROLLBACK's reply
 
 
 def _compose(
@@ -365,8 +347,6 @@ class _Batch(NamedTuple):
 # statement (a statement whose values are written into its SQL).
 _LAYOUTS: dict[tuple[Any, ...], _Layout | None] = {}
 _BATCHES: dict[tuple[Any, ...], _Batch] = {}
-# Per (dialect, statements): whether none returns rows.
-_ROWLESS: dict[tuple[Any, ...], bool] = {}
 
 
 def _layout(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> _Layout | None:

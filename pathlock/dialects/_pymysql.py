@@ -1,17 +1,20 @@
 """The PyMySQL connections of the engines pathlock creates: deadlines kept
 (:class:`pathlock._deadlines.BoundedConnection`), and the replies of a batch
-whose statements return no rows read without a cursor.
+read without a cursor.
 
-An acquire + release is two batches of such statements (their COMMITs
-included: six replies, each an OK packet). Read through a cursor, each reply
-costs some forty Python calls of PyMySQL's result machinery (a result object,
-its packet wrapper, the cursor's bookkeeping) to learn two numbers; here it
-costs PyMySQL's own packet read and a few calls to decode them. Values are
-escaped by PyMySQL's own functions, without its per-value dispatch for the two
-types a batch mostly carries (text and integers). It relies on three private
-methods of PyMySQL's connection (``_execute_command``, ``_read_packet``,
-``_escape_string``, there since PyMySQL 0.7); where one is missing, batches go
-through a cursor as on any other connection (:data:`DIRECT`).
+An acquire + release is two batches of writes (their COMMITs included: six
+replies, each an OK packet); a waiter's check is a batch of reads. Read
+through a cursor, each reply costs some forty Python calls of PyMySQL's result
+machinery (a result object, its packet wrappers, the cursor's bookkeeping),
+and each column of a result set as many again to parse its description, the
+same bytes for every run of the same statement. Here a reply costs PyMySQL's
+own packet reads and a few calls to decode them, and a column's description
+is parsed (by PyMySQL) the first time the connection sees those bytes. Values
+are escaped and decoded by PyMySQL's own functions, as its cursor would. It
+relies on private methods of PyMySQL's connection (``_execute_command``,
+``_read_packet``, ``_escape_string``, there since PyMySQL 0.7); where one is
+missing, batches go through a cursor as on any other connection
+(:data:`DIRECT`).
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from typing import Any
 
 import pymysql.connections
 from pymysql import converters
-from pymysql.constants import COMMAND, SERVER_STATUS
+from pymysql.constants import COMMAND, FIELD_TYPE, SERVER_STATUS
+from pymysql.protocol import FieldDescriptorPacket
 
 from pathlock import _deadlines as deadlines
 
 DIRECT = all(
     callable(getattr(pymysql.connections.Connection, name, None))
     for name in ("_execute_command", "_read_packet", "_escape_string")
-)
+) and hasattr(pymysql.connections, "TEXT_TYPES")
 """Whether this PyMySQL has what :class:`Connection` needs to read replies
 without a cursor."""
 
@@ -36,12 +40,22 @@ _OK = 0x00  # the first byte of an OK packet
 _OK_SIZE = 7  # its least size: the byte, two integers of one byte, status, warnings
 _ONE_BYTE = 0xFB  # a length-encoded integer's first byte below this: its value
 _LONGER = {0xFC: 2, 0xFD: 3, 0xFE: 8}  # else: the size of the value that follows
+_NULL = 0xFB  # a column's value that is NULL
+_EOF = 0xFE  # the first byte of an EOF packet (shorter than 9 bytes)
+_EOF_SIZE = 9
+_BINARY = 63  # the character set of a binary column
+_COLUMNS_KEPT = 1024  # column descriptions a connection keeps parsed
+
+Reply = tuple[int, int | None, tuple[str, ...] | None, list[tuple[Any, ...]]]
+"""A statement's reply: the rows it changed (matched, for an UPDATE; read, for
+a SELECT), the id it generated or ``LAST_INSERT_ID(expr)`` was given (``None``
+for a SELECT), and for a SELECT its columns' names and its rows."""
+_Column = tuple[str, str | None, Any]  # name, encoding, converter
 
 
 class Connection(deadlines.BoundedConnection):
     """A PyMySQL connection that sends a batch and reads the reply of each
-    of its statements, where none returns rows (see the module's
-    docstring)."""
+    of its statements (see the module's docstring)."""
 
     _pathlock_pending = False  # replies of the last batch not read yet
 
@@ -73,13 +87,45 @@ class Connection(deadlines.BoundedConnection):
         self._execute_command(COMMAND.COM_QUERY, query)
         self._pathlock_pending = True
 
-    def changes(self) -> tuple[int, int]:
-        """The next reply of the batch sent: its rows changed (matched, for
-        an UPDATE) and the id it generated or ``LAST_INSERT_ID(expr)`` was
-        given. Raises the server's error as PyMySQL does; the server runs
-        nothing of the batch after it."""
+    def reply(self) -> Reply:
+        """The next reply of the batch sent (see :data:`Reply`). Raises the
+        server's error as PyMySQL does; the server runs nothing of the batch
+        after it."""
+        data = self._next_packet()
+        if data[0] == _OK and len(data) >= _OK_SIZE:
+            # Mostly numbers below 251, of one byte each.
+            changed = data[1]
+            if changed < _ONE_BYTE:
+                position = 2
+            else:
+                changed, position = _length_encoded(data, 1)
+            inserted = data[position]
+            if inserted < _ONE_BYTE:
+                position += 1
+            else:
+                inserted, position = _length_encoded(data, position)
+            self._ended(data[position] | data[position + 1] << 8)
+            return changed, inserted, None, []
+        if data[0] == _NULL:  # LOAD DATA LOCAL INFILE: never asked for
+            self._pathlock_pending = False
+            self._force_close()
+            raise pymysql.err.InternalError("a batch asked for a local file")
+        # A result set: its number of columns, their descriptions, an EOF
+        # packet, the rows, an EOF packet.
+        count = _length_encoded(data, 0)[0]
+        columns = [self._column(self._next_packet()) for _ in range(count)]
+        self._next_packet()
+        rows: list[tuple[Any, ...]] = []
+        while True:
+            data = self._next_packet()
+            if data[0] == _EOF and len(data) < _EOF_SIZE:
+                self._ended(data[3] | data[4] << 8)
+                return len(rows), None, tuple([column[0] for column in columns]), rows
+            rows.append(_row(data, columns))
+
+    def _next_packet(self) -> bytes:
         try:
-            data = self._read_packet()._data
+            data: bytes = self._read_packet()._data
         except pymysql.err.MySQLError:
             # The server's error (it runs nothing after it), or the
             # connection lost (PyMySQL closed it).
@@ -91,32 +137,45 @@ class Connection(deadlines.BoundedConnection):
             self._pathlock_pending = False
             self._force_close()
             raise
-        if data[0] != _OK or len(data) < _OK_SIZE:
-            # Rows, where none were expected: nothing to read them with here.
-            self._pathlock_pending = False
-            self._force_close()
-            raise pymysql.err.InternalError("a statement of a batch returned rows")
-        # Mostly numbers below 251, of one byte each.
-        changed = data[1]
-        if changed < _ONE_BYTE:
-            position = 2
-        else:
-            changed, position = _length_encoded(data, 1)
-        inserted = data[position]
-        if inserted < _ONE_BYTE:
-            position += 1
-        else:
-            inserted, position = _length_encoded(data, position)
-        status = data[position] | data[position + 1] << 8
+        return data
+
+    def _ended(self, status: int) -> None:
+        """A reply ended with the server's ``status``."""
         self.server_status = status
         self._pathlock_pending = bool(status & _MORE_RESULTS)
-        return changed, inserted
+
+    def _column(self, data: bytes) -> _Column:
+        """The name of the column ``data`` describes, and the encoding and
+        converter of its values, as PyMySQL's result would take them."""
+        known: dict[bytes, _Column] | None = self.__dict__.get("_pathlock_columns")
+        if known is None or len(known) >= _COLUMNS_KEPT:
+            known = self.__dict__["_pathlock_columns"] = {}
+        column = known.get(data)
+        if column is None:
+            column = known[data] = self._described(FieldDescriptorPacket(data, self.encoding))
+        return column
+
+    def _described(self, field: FieldDescriptorPacket) -> _Column:
+        # As pymysql.connections.MySQLResult._get_descriptions().
+        field_type = field.type_code
+        encoding: str | None = None
+        if self.use_unicode:
+            if field_type == FIELD_TYPE.JSON:
+                encoding = self.encoding
+            elif field_type in pymysql.connections.TEXT_TYPES:
+                encoding = None if field.charsetnr == _BINARY else self.encoding
+            else:
+                encoding = "ascii"
+        converter = self.decoders.get(field_type)
+        if converter is converters.through:
+            converter = None
+        return field.name, encoding, converter
 
     def drain(self) -> None:
         """Read what is left of the batch's replies (after an interrupt, say),
         so that the connection can take the next query."""
         while self._pathlock_pending and self._sock is not None:
-            self.changes()
+            self.reply()
 
 
 def _length_encoded(data: bytes, position: int) -> tuple[int, int]:
@@ -128,3 +187,30 @@ def _length_encoded(data: bytes, position: int) -> tuple[int, int]:
     size = _LONGER[first]
     start = position + 1
     return int.from_bytes(data[start : start + size], "little"), start + size
+
+
+def _row(data: bytes, columns: list[_Column]) -> tuple[Any, ...]:
+    """The values of the row packet ``data``, as PyMySQL's result reads
+    them (``_read_row_from_packet``)."""
+    row: list[Any] = []
+    position, end = 0, len(data)
+    for _name, encoding, converter in columns:
+        if position >= end:
+            break  # fewer values than columns: as PyMySQL
+        length = data[position]
+        if length == _NULL:
+            row.append(None)
+            position += 1
+            continue
+        if length < _ONE_BYTE:
+            start = position + 1
+        else:
+            length, start = _length_encoded(data, position)
+        position = start + length
+        value: Any = data[start:position]
+        if encoding is not None:
+            value = value.decode(encoding)
+        if converter is not None:
+            value = converter(value)
+        row.append(value)
+    return tuple(row)

@@ -140,18 +140,18 @@ class CommitFaults:
 def _without_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The faults of :class:`CommitFaults`, for a batch whose replies are read
     without a cursor: armed on the connection when the batch is sent."""
-    changes = _pymysql.Connection.changes
+    read = _pymysql.Connection.reply
 
-    def faulty_changes(self: _pymysql.Connection) -> tuple[int, int]:
+    def faulty_reply(self: _pymysql.Connection) -> _pymysql.Reply:
         fault = getattr(self, "_pathlock_fault", None)
         refuses = getattr(fault, "refuses", False)
         if fault is not None and refuses and not self._pathlock_pending:
             self._pathlock_fault = None
             fault(self, True)  # the COMMIT's reply: refused
-        reply = changes(self)
+        reply = read(self)
         if fault is not None and not refuses and not self._pathlock_pending:
             self._pathlock_fault = None
             fault(self, False)  # the COMMIT landed: its reply is lost
         return reply
 
-    monkeypatch.setattr(_pymysql.Connection, "changes", faulty_changes)
+    monkeypatch.setattr(_pymysql.Connection, "reply", faulty_reply)

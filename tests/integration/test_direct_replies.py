@@ -1,8 +1,8 @@
-"""The replies of a batch whose statements return no rows, read without a
-cursor on the PyMySQL connections pathlock creates
-(``pathlock/dialects/_pymysql.py``): every size of count and id the protocol
-encodes, a statement refused in the middle, and interrupts between and
-inside replies, against the server."""
+"""The replies of a batch, read without a cursor on the PyMySQL connections
+pathlock creates (``pathlock/dialects/_pymysql.py``): every size of count and
+id the protocol encodes, rows of every type as PyMySQL's cursor reads them, a
+statement refused in the middle, and interrupts between and inside replies,
+against the server."""
 
 from __future__ import annotations
 
@@ -102,6 +102,58 @@ def test_text_arrives_as_given(connection: Connection, backslashes: str) -> None
     connection.rollback()
 
 
+_TYPES = """
+CREATE TABLE direct_types (
+    id INT PRIMARY KEY, big BIGINT, small SMALLINT, flag TINYINT(1), price DECIMAL(12, 3),
+    ratio DOUBLE, word VARCHAR(100) CHARACTER SET utf8mb4, raw VARBINARY(50),
+    long_text MEDIUMTEXT, long_blob MEDIUMBLOB, at DATETIME(6), day DATE, took TIME(3),
+    doc JSON, bits BIT(8), choice ENUM('a', 'b')
+)"""
+
+
+def test_rows_are_read_as_pymysqls_cursor_reads_them(connection: Connection) -> None:
+    connection.execute(text("DROP TABLE IF EXISTS direct_types"))
+    connection.execute(text(_TYPES))
+    try:
+        connection.execute(
+            text(
+                "INSERT INTO direct_types VALUES "
+                "(1, -9223372036854775808, -3, 1, 12345.678, 0.25, 'ü€ it''s', X'00FF',"
+                " REPEAT('x', 70000), REPEAT(X'01', 300), '2026-11-27 22:21:03.123456',"
+                " '2026-11-27', '-12:34:56.789', '{\"a\": [1, 2]}', b'10100101', 'b'),"
+                "(2, 9223372036854775807, NULL, NULL, NULL, NULL, '', '', '', '', NULL,"
+                " NULL, NULL, NULL, NULL, NULL),"
+                "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+                " NULL, NULL, NULL, NULL, NULL)"
+            )
+        )
+        connection.commit()
+        every = text("SELECT * FROM direct_types ORDER BY id")
+        computed = text(
+            "SELECT COUNT(*) AS n, MAX(big) AS top, NOW(6) > at AS past,"
+            " CONCAT(word, '!') AS said FROM direct_types WHERE id = 1"
+        )
+        written = update(_rows).where(_rows.c.id == 1).values(n=5)
+        replies = batch.run(connection, [(every, {}), (written, {}), (computed, {})])
+        connection.rollback()
+        dbapi_connection = connection.connection.dbapi_connection
+        for statement, reply in ((every, replies[0]), (computed, replies[2])):
+            cursor = pymysql.cursors.Cursor(dbapi_connection)
+            cursor.execute(str(statement))
+            names = [column[0] for column in cursor.description]
+            expected = cursor.fetchall()
+            cursor.close()
+            assert [row._fields for row in reply.rows] == [tuple(names)] * len(expected)
+            assert [tuple(row) for row in reply.rows] == list(expected)
+            assert reply.rowcount == len(expected)
+            assert reply.lastrowid is None
+        assert replies[1].rowcount == 1
+        assert len(replies[0].rows[0].long_text) == 70000
+        connection.rollback()
+    finally:
+        connection.execute(text("DROP TABLE IF EXISTS direct_types"))
+
+
 def test_no_cursor_reads_an_uncontended_acquire_and_release(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,16 +194,16 @@ def test_a_statement_refused_in_the_middle_leaves_the_connection_in_step(
 def test_an_interrupt_between_replies_leaves_the_rest_read(
     connection: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    changes = _pymysql.Connection.changes
+    read = _pymysql.Connection.reply
     calls: list[int] = []
 
-    def interrupted(self: _pymysql.Connection) -> tuple[int, int]:
+    def interrupted(self: _pymysql.Connection) -> _pymysql.Reply:
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return changes(self)
+        return read(self)
 
-    monkeypatch.setattr(_pymysql.Connection, "changes", interrupted)
+    monkeypatch.setattr(_pymysql.Connection, "reply", interrupted)
     steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
     with pytest.raises(KeyboardInterrupt):
         batch.run(connection, steps, rollback=True)
