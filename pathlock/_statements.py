@@ -806,6 +806,11 @@ WAITER_QUEUED = (
 )
 WAITERS_REMOVED = _counted(customer_locks.c.waiter_rows, -1)
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
+# BUMP and CLAIM whose reply carries the new version, where the database's
+# UPDATE can return rows and its sentinel write's reply does not carry the
+# version otherwise (SQLite 3.35 and newer): one statement instead of two.
+BUMP_RETURNING = BUMP.returning(customer_locks.c.version)
+CLAIM_RETURNING = CLAIM.returning(customer_locks.c.version)
 
 
 # -- the grant without searches (MySQL, MariaDB) -----------------------------

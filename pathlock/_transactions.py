@@ -21,7 +21,15 @@ from pathlock import _interrupts as interrupts
 from pathlock import events
 from pathlock._flow import drive
 from pathlock._routing import Node, Router
-from pathlock._statements import BUMP, CASE_RULE, CLAIM, CREATE_SENTINEL, VERSION
+from pathlock._statements import (
+    BUMP,
+    BUMP_RETURNING,
+    CASE_RULE,
+    CLAIM,
+    CLAIM_RETURNING,
+    CREATE_SENTINEL,
+    VERSION,
+)
 from pathlock.dialects import READ_ONLY
 from pathlock.dialects.base import SERVER_SESSION, ServerSession
 from pathlock.errors import BackendError, CaseRuleMismatch, ContentionTimeout, DatabaseTimeout
@@ -502,8 +510,13 @@ class Transactions:
         statement, parameters = (
             (CLAIM, self.claim_parameters(customer_id)) if grant else (BUMP, {"c_id": customer_id})
         )
-        result = connection.execute(statement, parameters)
-        if result.rowcount == 0:
+        # Where the reply does not carry the version, an UPDATE that returns
+        # it saves the SELECT after it (SQLite 3.35 and newer).
+        returning = not self.dialect.token_from_reply and connection.dialect.update_returning
+        if returning:
+            statement = CLAIM_RETURNING if grant else BUMP_RETURNING
+        written, token = _sentinel_written(connection, statement, parameters, returning=returning)
+        if not written:
             # First use of this customer: create the row in a transaction of
             # its own. Inserting and then updating it in one transaction
             # deadlocks when several clients start at once (each waits on the
@@ -511,15 +524,14 @@ class Transactions:
             connection.rollback()
             connection.execute(CREATE_SENTINEL, {"c_id": customer_id})
             connection.commit()
-            result = connection.execute(statement, parameters)
-            if result.rowcount == 0 and grant:
+            written, token = _sentinel_written(
+                connection, statement, parameters, returning=returning
+            )
+            if not written and grant:
                 recorded = connection.execute(CASE_RULE, {"c_id": customer_id}).scalar()
                 connection.rollback()
                 raise CaseRuleMismatch(customer_id, bool(recorded))
-        token: Any
-        if self.dialect.token_from_reply:
-            token = result.lastrowid
-        else:
+        if not returning and not self.dialect.token_from_reply:
             token = connection.execute(VERSION, {"c_id": customer_id}).scalar()
         if not token:
             raise BackendError(
@@ -527,6 +539,19 @@ class Transactions:
                 RuntimeError("the database returned no version for the sentinel"),
             )
         return int(token)
+
+
+def _sentinel_written(
+    connection: Connection, statement: Any, parameters: dict[str, Any], *, returning: bool
+) -> tuple[bool, Any]:
+    """Run a sentinel write; whether it wrote the row, and the version its
+    reply carries (``returning``: the row it returned; else the id
+    ``LAST_INSERT_ID()`` was given, where the dialect says so)."""
+    result = connection.execute(statement, parameters)
+    if returning:
+        row = result.first()
+        return row is not None, None if row is None else row[0]
+    return result.rowcount != 0, result.lastrowid
 
 
 def delete_counted(

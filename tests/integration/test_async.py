@@ -722,13 +722,13 @@ def test_statements_are_batched_over_asyncmy_too(
     # way), then the row and the grant made one by one; the denied try in one
     # round trip (the customer has a lock now: no grant without searches),
     # then with its reads; the release, whose COMMIT goes with it (its rows
-    # counted down, and the version read only if requests may be queued:
-    # none are).
+    # deleted, then counted down in one statement that reads the version only
+    # if requests may be queued: none are).
     assert batches == [
         (2, "COMMIT"),
         (4, "COMMIT"),
         (8, ""),  # the sentinel write, the grant, its count, five reads
         (4, "COMMIT"),
         (8, ""),
-        (3, "COMMIT"),
+        (2, "COMMIT"),
     ], batches

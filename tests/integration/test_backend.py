@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, make_url, select, text
+from sqlalchemy import Engine, create_engine, event, func, make_url, select, text
 
 from pathlock import (
     ArgumentTypeError,
@@ -577,3 +577,31 @@ def test_a_request_on_a_database_without_the_tables_leaves_nothing_in_doubt(
             manager.for_customer(1).lock_paths("/a")
         assert not manager._in_doubt
     assert [record.getMessage() for record in caplog.records] == []
+
+
+def test_sqlite_reads_the_version_from_the_sentinel_write(
+    sqlite_file: Path, customer_id: int
+) -> None:
+    """SQLite's UPDATE returns the new version (RETURNING, SQLite 3.35 and
+    newer): an acquire and a release each write the customer's row once and
+    never read the version in a SELECT of its own; the tokens still grow."""
+    if sqlite3.sqlite_version_info < (3, 35):
+        pytest.skip("this SQLite's UPDATE cannot return rows")
+    with PathLockManager(f"sqlite:///{sqlite_file}", heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        first = locks.lock_paths("/warm")
+        first.release()
+        sent: list[str] = []
+        event.listen(
+            manager.engine,
+            "before_cursor_execute",
+            lambda _c, _cursor, statement, *_rest: sent.append(" ".join(statement.split())),
+        )
+        lease = locks.lock_paths("/a")
+        lease.release()
+        writes = [sql for sql in sent if sql.startswith("UPDATE customer_locks SET version")]
+        assert len(writes) == 2, sent
+        assert all(sql.endswith("RETURNING version") for sql in writes), sent
+        assert not [sql for sql in sent if sql.startswith("SELECT customer_locks.version")], sent
+        assert lease.fencing_token > first.fencing_token
+        assert locks.list_locks() == []
