@@ -887,8 +887,10 @@ def lean_grant(count: int) -> Insert:
 # 0: the customer holds nothing now, and its next grant needs no search).
 # It matches the row where it counts rows down or requests may be queued, so
 # its row count says whether it did either. One statement where two were: a
-# seventh of the server's CPU for an acquire + release. (Versions stay below
-# 2⁶² for as long as anyone will run a server: a grant moves them by one.)
+# ninth of the server's CPU for an acquire + release. A count left below zero
+# (by a pathlock without the counts) comes back as 0: LAST_INSERT_ID() takes
+# no value below zero. (Versions stay below 2⁶² for as long as anyone will
+# run a server: a grant moves them by one.)
 _MAY_BE_QUEUED = or_(
     customer_locks.c.waiter_rows != literal_column("0"),
     customer_locks.c.waiter_rows.is_(None),
