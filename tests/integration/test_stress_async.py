@@ -560,5 +560,8 @@ def test_async_tasks_never_overlap_and_cancellations_leave_nothing(
     requests = PROCESSES * TASKS * task_ops
     assert len(records) >= requests * 2 // 5, totals
     _at_least(totals, ["try_none", "timeouts"], 1)
-    _at_least(totals, ["cancelled_request", "deadline_expired"], requests // 20)
+    # Cancellations that struck while the request waited: 25 to 37 of 300 in
+    # seven quiet runs on SQLite, 14 once under the whole suite's load (the
+    # rest of a cancelled request's wait is a race with its grant).
+    _at_least(totals, ["cancelled_request", "deadline_expired"], requests // 30)
     _at_least(totals, ["cancelled_hold", "cancelled_release"], 1)
