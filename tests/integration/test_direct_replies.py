@@ -191,6 +191,22 @@ def test_a_statement_refused_in_the_middle_leaves_the_connection_in_step(
     assert _count(connection) == 300
 
 
+def _interrupted(
+    connection: Connection, monkeypatch: pytest.MonkeyPatch, method: str, replacement: Any
+) -> _pymysql.Connection:
+    """Run a batch of three statements with ``method`` of the connection
+    replaced by ``replacement`` (which raises KeyboardInterrupt), then put it
+    back; the DB-API connection the batch ran on."""
+    monkeypatch.setattr(_pymysql.Connection, method, replacement)
+    steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(connection, steps, rollback=True)
+    monkeypatch.undo()
+    dbapi_connection = connection.connection.dbapi_connection
+    assert isinstance(dbapi_connection, _pymysql.Connection)
+    return dbapi_connection
+
+
 def test_an_interrupt_between_replies_leaves_the_rest_read(
     connection: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -203,13 +219,7 @@ def test_an_interrupt_between_replies_leaves_the_rest_read(
             raise KeyboardInterrupt
         return read(self)
 
-    monkeypatch.setattr(_pymysql.Connection, "reply", interrupted)
-    steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
-    with pytest.raises(KeyboardInterrupt):
-        batch.run(connection, steps, rollback=True)
-    monkeypatch.undo()
-    dbapi_connection = connection.connection.dbapi_connection
-    assert isinstance(dbapi_connection, _pymysql.Connection)
+    dbapi_connection = _interrupted(connection, monkeypatch, "reply", interrupted)
     assert not dbapi_connection._pathlock_pending
     # The rest of the replies were read: the next query gets its own.
     assert connection.execute(text("SELECT 12345")).scalar_one() == 12345
@@ -227,13 +237,7 @@ def test_an_interrupt_inside_a_reply_closes_the_connection(
             raise KeyboardInterrupt
         return bytes(read_bytes(self, count))
 
-    monkeypatch.setattr(_pymysql.Connection, "_read_bytes", interrupted)
-    steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
-    with pytest.raises(KeyboardInterrupt):
-        batch.run(connection, steps, rollback=True)
-    monkeypatch.undo()
-    dbapi_connection = connection.connection.dbapi_connection
-    assert isinstance(dbapi_connection, _pymysql.Connection)
+    dbapi_connection = _interrupted(connection, monkeypatch, "_read_bytes", interrupted)
     # What follows on the socket is not a reply to anything sent next.
     assert dbapi_connection._sock is None
     with pytest.raises(DBAPIError) as closed:
