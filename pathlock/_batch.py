@@ -290,7 +290,10 @@ def _compose(
         layout = _LAYOUTS[key] = _layout(dialect, steps)
     if layout is None:
         return _composed(dialect, steps, end=end)
-    shape_key = (key, layout.shape(steps))
+    shape = layout.shape(steps)
+    if shape and max(shape) > _EXACT:
+        steps, shape = _padded(steps, layout.lists, shape)
+    shape_key = (key, shape)
     planned = _BATCHES.get(shape_key)
     if planned is None:
         if len(_BATCHES) >= _PLANS_KEPT:
@@ -331,6 +334,8 @@ class _Layout(NamedTuple):
     as a function of the steps."""
 
     shape: Callable[[Sequence[tuple[Executable, dict[str, Any]]]], tuple[int, ...]]
+    lists: tuple[tuple[int, str], ...]
+    """The step and name of each list the shape measures, in its order."""
 
 
 class _Batch(NamedTuple):
@@ -350,7 +355,7 @@ _BATCHES: dict[tuple[Any, ...], _Batch] = {}
 
 
 def _layout(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]) -> _Layout | None:
-    lengths: list[str] = []
+    lists: list[tuple[int, str]] = []
     for index, (statement, _values) in enumerate(steps):
         compiled = _compiled(statement, dialect)
         if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only
@@ -358,10 +363,40 @@ def _layout(dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]]
         expanding = _expanding(compiled)
         if expanding is None:
             return None
-        lengths.extend(f"len(steps[{index}][1][{name!r}])" for name in expanding)
+        lists.extend((index, name) for name in expanding)
     # Generated once per sequence of statements, from their own names.
-    shape = _generated("steps", f"({''.join(length + ', ' for length in lengths)})", {})
-    return _Layout(shape)
+    lengths = "".join(f"len(steps[{index}][1][{name!r}]), " for index, name in lists)
+    shape = _generated("steps", f"({lengths})", {})
+    return _Layout(shape, tuple(lists))
+
+
+# Lists up to this long are sent as they are; longer ones are padded to the
+# next power of two by repeating their last value, which an IN list ignores.
+# A batch is planned once per shape, and a plan's code is compiled: the
+# checks of a hundred waiting threads ask about lists of every length (the
+# tickets ahead of them, the leases in their way), and planning a batch for
+# each new length cost their process more than the reads themselves.
+_EXACT = 8
+
+
+def _padded(
+    steps: Sequence[tuple[Executable, dict[str, Any]]],
+    lists: tuple[tuple[int, str], ...],
+    shape: tuple[int, ...],
+) -> tuple[list[tuple[Executable, dict[str, Any]]], tuple[int, ...]]:
+    """``steps`` with their lists longer than :data:`_EXACT` padded, and the
+    shape they have then."""
+    padded = list(steps)
+    sizes = []
+    for (index, name), length in zip(lists, shape, strict=True):
+        size = length if length <= _EXACT else 1 << (length - 1).bit_length()
+        if size != length:
+            statement, values = padded[index]
+            given = values[name]
+            values = {**values, name: [*given, *[given[-1]] * (size - length)]}
+            padded[index] = (statement, values)
+        sizes.append(size)
+    return padded, tuple(sizes)
 
 
 def _batch_plan(

@@ -77,6 +77,48 @@ def test_one_read_answers_each_check_as_a_read_of_its_own(
         manager.close()
 
 
+@pytest.mark.parametrize("gone", [3, 9, 30])
+def test_checks_that_ask_about_many_tickets_and_leases_are_answered_alike(
+    database_url: str, customer_id: int, gone: int
+) -> None:
+    """Checks whose lists are long (sent padded: see pathlock._batch) get
+    the answers of a read each: every ticket still queued counted once,
+    whether a lease in the way holds."""
+    manager = PathLockManager(database_url, heartbeat=False)
+    locks = manager.for_customer(customer_id)
+    held = locks.lock_paths("/Shared/a", owner="holder")
+
+    def wait(number: int) -> None:
+        with locks.lock_paths("/Shared/a", owner=f"waiter-{number}", timeout=60):
+            pass
+
+    waiting = [threading.Thread(target=wait, args=(n,)) for n in range(3)]
+    try:
+        for thread in waiting:
+            thread.start()
+        _until(lambda: len(manager.list_waiters(customer_id)) == 3)
+        tickets = [waiter.ticket for waiter in manager.list_waiters(customer_id)]
+        nobody = [GONE + n for n in range(gone)]
+        leases = [f"no-such-lease-{n}" for n in range(gone)]
+        asks = [
+            Ask(None, (*nobody, *tickets), ()),
+            Ask(None, (tickets[0], *nobody), (*leases, held.lease_id)),
+            Ask(None, tuple(nobody), tuple(leases)),
+        ]
+        store = manager._store
+        many = store._watch(customer_id, asks, None)
+        alone = [store._watch(customer_id, [ask], None)[0] for ask in asks]
+        for answer, own in zip(many, alone, strict=True):
+            _same(answer, own)
+        assert [answer.ahead_left for answer in many] == [3, 1, 0]
+        assert [answer.held_left for answer in many] == [None, 1, 0]
+    finally:
+        held.release()
+        for thread in waiting:
+            thread.join(60)
+        manager.close()
+
+
 def test_threads_waiting_on_one_customer_are_served_in_order(
     database_url: str, customer_id: int
 ) -> None:

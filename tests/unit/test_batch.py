@@ -144,8 +144,60 @@ def test_a_batch_composes_as_its_statements_one_by_one(dialect: Dialect) -> None
                 (statements.LIVE_WAITERS, {"c_id": 7}),
             ]
             for end in (None, "COMMIT"):
-                expected = batch._composed(dialect, steps, end=end)
+                expected = batch._composed(dialect, _padded(steps), end=end)
                 assert batch._compose(dialect, steps, end=end) == expected
+
+
+def _padded(
+    steps: list[tuple[Executable, dict[str, Any]]],
+) -> list[tuple[Executable, dict[str, Any]]]:
+    """``steps`` with each list longer than 8 padded to the next power of two
+    with its last value, as a batch sends them."""
+
+    def pad(value: Any) -> Any:
+        if not isinstance(value, list) or len(value) <= 8:
+            return value
+        size = 16
+        while size < len(value):
+            size *= 2
+        return value + [value[-1]] * (size - len(value))
+
+    return [
+        (statement, {name: pad(value) for name, value in given.items()})
+        for statement, given in steps
+    ]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS.values(), ids=DIALECTS.keys())
+def test_long_lists_are_padded_so_that_few_plans_serve_every_length(
+    dialect: Dialect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose lists take every length from 0 to 100 is planned once
+    per length up to 8 and once per power of two above: the checks of many
+    waiting threads ask about lists of every length, and a plan per length
+    cost more than the reads. The padding repeats a list's last value, so an
+    IN list means what it meant."""
+    monkeypatch.setattr(batch, "_BATCHES", {})
+    plans = []
+    real = batch._batch_plan
+
+    def planned(*args: Any, **kwargs: Any) -> Any:
+        plans.append(args[1][1][1]["tickets"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "_batch_plan", planned)
+    for length in range(101):
+        tickets = list(range(1000, 1000 + length))
+        steps: list[tuple[Executable, dict[str, Any]]] = [
+            (statements.VERSION, {"c_id": 7}),
+            (statements.WATCHED_TICKETS, {"c_id": 7, "tickets": tickets}),
+        ]
+        sql, parameters = batch._compose(dialect, steps, end="ROLLBACK")
+        assert (sql, parameters) == batch._composed(dialect, _padded(steps), end="ROLLBACK")
+        given = parameters if dialect.positional else list(parameters.values())
+        assert set(given) == {7, *tickets}
+        assert steps[1][1]["tickets"] == tickets  # the caller's list is left as it was
+    assert [len(tickets) for tickets in plans] == [*range(9), 16, 32, 64, 128]
 
 
 def test_a_parameter_of_two_values_in_one_batch_is_refused() -> None:
