@@ -17,7 +17,10 @@ the client CPU per grant (all worker processes), requests that timed out,
 leases lost, and the ratio of grants per second to the smallest size's in
 the same run. ``--profile`` also prints the Python calls per grant of the
 first worker process (cProfile's count, which does not depend on the
-machine) and the functions called most often. ``--pool-size`` and
+machine) and the functions called most often (with the environment
+variable ``PATHLOCK_CROWD_FUNCTIONS=name,name``: the calls of those
+functions instead; with ``PATHLOCK_CROWD_DUMP=FILE``: the profile is also
+written to FILE, for :mod:`pstats`). ``--pool-size`` and
 ``--max-overflow`` size each process's connection pool (default: the
 manager's own, see docs/DEPLOYING.md).
 """
@@ -182,6 +185,8 @@ def _start_together(start_at: float) -> None:
 
 def _profiled(tally: _Tally, *profiles: cProfile.Profile) -> None:
     stats = pstats.Stats(*profiles)
+    if os.environ.get("PATHLOCK_CROWD_DUMP"):
+        stats.dump_stats(os.environ["PATHLOCK_CROWD_DUMP"])
     entries = stats.stats  # type: ignore[attr-defined]
     tally.calls = sum(entry[1] for entry in entries.values())
     most = sorted(entries.items(), key=lambda item: item[1][1], reverse=True)[:12]
