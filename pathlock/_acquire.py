@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pathlock import _deadlines as deadlines
+from pathlock import _owners as owners
 from pathlock import events
 from pathlock._flow import (
     AcquireFlow,
@@ -110,6 +111,7 @@ def acquire(
         blocking=blocking,
         wait_limit=wait_limit,
         handed_over=store.hands_over,
+        owner_busy=not owners.is_named(request.owner),
     )
     watch = wakeups.watch(request.customer_id, request.paths)
 

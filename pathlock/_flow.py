@@ -223,8 +223,16 @@ class AcquireFlow:
         blocking: bool,
         wait_limit: float | None,
         handed_over: bool = False,
+        owner_busy: bool = False,
     ) -> None:
         self.request = request
+        # Whether the request's owner takes no lock while it waits (a thread
+        # or a task, busy in this call; not an owner= name). Then an older
+        # request found ahead of it and still queued is enough to know that
+        # an attempt would be denied: the fairness rule passes over only
+        # requests that wait for the owner's locks, and those can only
+        # become fewer (see _after).
+        self._owner_busy = owner_busy
         # Whether a release may grant this request's paths to it while it is
         # queued (Store.release): then its checks look for that too.
         self._handed_over = handed_over
@@ -406,10 +414,20 @@ class AcquireFlow:
             # rechecking kept the database too busy to keep their rows alive.
             idle_until = deadline if self.ticket is None else min(deadline, self._refresh_due)
             wake_at = min(now + self._delay(), recheck_at, idle_until)
-            if (yield Sleep(max(0.0, wake_at - now), max(0.0, idle_until - now))):
-                # A release in this process (or the manager closed): it may
-                # have handed its paths to this request.
-                return (yield from self._handed()) if self._queued_for_hand_over() else None
+            woken = yield Sleep(max(0.0, wake_at - now), max(0.0, idle_until - now))
+            if woken:
+                # A release in this process (or the manager closed, or the
+                # request was cancelled: that, first).
+                stop: PathLockError | None = yield Stop()
+                if stop is not None:
+                    raise stop
+                if not self._queued_for_hand_over():
+                    return None
+                # It may have handed its paths to this request; otherwise the
+                # check says, as any check does, whether an attempt can
+                # succeed. Attempting at once, the first local waiter of each
+                # folder was denied at most releases: the paths went to a
+                # request of another process ahead of it.
             now = clock.monotonic()
             if now >= deadline:
                 return None  # one last attempt, for its answer
@@ -422,13 +440,15 @@ class AcquireFlow:
                         yield Place(None, (), False)
                         return None
                     self._refresh_due = now + settings.waiter_refresh
-                if (yield Behind()):
+                if not woken and (yield Behind()):
                     continue
                 watched = yield from self._check()
                 if watched.handed is not None:
                     return (yield from self._take_up(watched.handed, watched.handed_for))
                 then = self._after(watched, now < recheck_at)
                 if then is _SLEEP:
+                    if now >= recheck_at:
+                        recheck_at = now + settings.recheck
                     continue
                 if then is _ATTEMPT:
                     return None  # the likely next grant: straight to the attempt
@@ -491,9 +511,13 @@ class AcquireFlow:
                 # an attempt would be denied for certain.
                 return _SLEEP
             return _ATTEMPT
-        if left and before_recheck:
+        if left and (before_recheck or self._owner_busy):
             # Older requests that go first are still queued: the move is
-            # theirs (they are the ones a release hands the paths to).
+            # theirs (they are the ones a release hands the paths to). Nor
+            # is there anything to recheck while they are, unless the owner
+            # may take locks meanwhile and so pass them: with a hundred
+            # requests waiting in a process, the rechecks of those far back
+            # were most of its judgements.
             return _SLEEP
         return _JUDGE
 
@@ -535,23 +559,6 @@ class AcquireFlow:
 
     def _queued_for_hand_over(self) -> bool:
         return self._handed_over and self.ticket is not None
-
-    def _handed(self) -> Generator[Step, Any, Result]:
-        """After a release in this process: the paths it handed to this
-        request, taken up, if it did (``None``: attempt as usual). Woken by
-        the manager's close, or cancelled: that, first."""
-        stop: PathLockError | None = yield Stop()
-        if stop is not None:
-            raise stop
-        try:
-            watched = yield from self._check()
-        except DatabaseTimeout:
-            if self._clock.monotonic() < self.deadline:
-                raise
-            return None  # the last attempt says
-        if watched.handed is None:
-            return None
-        return (yield from self._take_up(watched.handed, watched.handed_for))
 
     def _take_up(self, token: int, handed_for: float) -> Generator[Step, Any, Result]:
         """A release granted the request's paths (``token``), for

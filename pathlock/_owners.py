@@ -67,6 +67,13 @@ def new_identity() -> str:
     return secrets.token_hex(8)
 
 
+def is_named(owner: Owner) -> bool:
+    """Whether ``owner``'s holder is an ``owner=`` name: the only holder that
+    can take locks while one of its calls waits (a thread or a task is busy
+    in that call)."""
+    return owner.key.rpartition(".")[2].startswith("n")
+
+
 def _holder(name: object) -> str:
     if name is not None:
         digest = hashlib.blake2b(validation.owner(name).encode(), digest_size=12).hexdigest()

@@ -58,7 +58,9 @@ class Settings:
     Waiting:
 
     - ``recheck`` (seconds, default 1.0): time between attempts of a waiting
-      request that sees no lock released (it notices locks that expired).
+      request that sees no lock released (it notices locks that expired);
+      a request of a thread or a task (not of an ``owner=`` name) waits
+      without rechecks while older requests in its way are still queued.
     - ``hand_over_check`` (seconds, default 0.001): time between the checks
       of the next request in line for paths a release handed to it.
     - ``hand_over_window`` (seconds, default 0.05): how long the next request

@@ -276,3 +276,19 @@ def test_containers_sharing_host_name_and_pid_are_separate_owners(
     successor = _container(database_url, customer_id, "ask")
     out, _ = successor.communicate(timeout=60)
     assert out.split() == ["LockTimeout", "0"]
+
+
+def test_only_a_named_owner_can_take_locks_while_one_of_its_requests_waits() -> None:
+    """A thread or a task is busy in the call that waits; a name can be used
+    by several threads at once. (A waiting request of a busy owner skips the
+    rechecks that only such an owner's new locks could make worth it.)"""
+    from pathlock import _owners as owners  # noqa: PLC0415 - the one private helper
+
+    assert owners.is_named(owners.current("ident", "node", name="job-7"))
+    assert not owners.is_named(owners.current("ident", "node"))
+    assert not owners.is_named(owners.current("ident.n", "node"))  # only the holder counts
+
+    async def in_a_task() -> bool:
+        return owners.is_named(owners.current("ident", "node"))
+
+    assert not asyncio.run(in_a_task())

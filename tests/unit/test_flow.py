@@ -104,6 +104,7 @@ class Run:
         wait_limit: float | None = 10.0,
         settings: Settings | None = None,
         handed_over: bool = False,
+        owner_busy: bool = False,
     ) -> None:
         self.clock = StillClock()
         self.delays = Fixed()
@@ -115,6 +116,7 @@ class Run:
             blocking=blocking,
             wait_limit=wait_limit,
             handed_over=handed_over,
+            owner_busy=owner_busy,
         )
         self.steps: Generator[Step, Any, Result] = self.flow.steps()
         self.step: Step = next(self.steps)
@@ -347,6 +349,56 @@ def test_a_release_in_this_process_may_have_handed_its_paths_over() -> None:
     with pytest.raises(ManagerClosed):
         run.reply(ManagerClosed("lock paths"))
     assert run.flow.leave() == 5
+
+
+def test_a_release_here_that_handed_nothing_to_a_request_behind_others_brings_no_attempt() -> None:
+    """Woken by a release of its process, a request whose check finds older
+    requests still queued ahead of it sleeps on: they go first. It used to
+    attempt at once, and with a hundred threads waiting in each of two
+    processes, most such attempts were denied (the paths went to a request
+    of the other process)."""
+    run = Run(handed_over=True)
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4), waiter(6))))
+    run.reply()
+    assert run.reply(True) == Stop()
+    assert run.reply(None) == ReadVersion(1010.0, handed=True, ahead=(4, 6))
+    assert isinstance(run.reply(Watched(2, None, 1, looked=True)), Sleep)
+    # Woken again, both gone: it judges its place.
+    assert run.reply(True) == Stop()
+    assert run.reply(None) == ReadVersion(1010.0, handed=True, ahead=(4, 6))
+    assert isinstance(run.reply(Watched(3, None, 0, looked=True)), Judge)
+
+
+@pytest.mark.parametrize("owner_busy", [True, False])
+def test_the_recheck_of_a_request_behind_others_still_queued(owner_busy: bool) -> None:
+    """A request whose owner is a thread or a task (busy in this call: it
+    takes no lock meanwhile) makes no judgement at its recheck while older
+    requests that go first are still queued: they are enough to know an
+    attempt would be denied. A named owner may take locks meanwhile, and
+    so pass them (the fairness rule): its request judges at the recheck."""
+    run = Run(owner_busy=owner_busy)
+    run.reply(None)
+    run.reply(blocked(9, version=1, ahead=(waiter(4),)))
+    run.reply()
+    run.clock.time += run.settings.recheck
+    run.reply(False)
+    assert run.reply(False) == ReadVersion(1010.0, ahead=(4,))
+    step = run.reply(Watched(1, None, 1))
+    if not owner_busy:
+        assert step == Judge(9, 1010.0)
+        return
+    assert step == Sleep(pytest.approx(0.01), pytest.approx(1.0 / 3 * 5 - run.settings.recheck))
+    # The next recheck is a recheck interval away, not due at every check.
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert isinstance(run.reply(Watched(1, None, 1)), Sleep)
+    # Once they have left, it judges its place.
+    run.clock.time += 0.01
+    run.reply(False)
+    run.reply(False)
+    assert run.reply(Watched(2, None, 0)) == Judge(9, 1010.0)
 
 
 def test_a_request_behind_others_judges_once_they_have_left() -> None:
