@@ -392,9 +392,9 @@ def _padded(
         size = length if length <= _EXACT else 1 << (length - 1).bit_length()
         if size != length:
             statement, values = padded[index]
-            given = values[name]
-            values = {**values, name: [*given, *[given[-1]] * (size - length)]}
-            padded[index] = (statement, values)
+            items = list(values[name])  # any iterable SQLAlchemy expands
+            items += [items[-1]] * (size - length)
+            padded[index] = (statement, {**values, name: items})
         sizes.append(size)
     return padded, tuple(sizes)
 

@@ -197,6 +197,8 @@ def test_long_lists_are_padded_so_that_few_plans_serve_every_length(
         given = parameters if dialect.positional else list(parameters.values())
         assert set(given) == {7, *tickets}
         assert steps[1][1]["tickets"] == tickets  # the caller's list is left as it was
+        as_tuple = [steps[0], (statements.WATCHED_TICKETS, {"c_id": 7, "tickets": tuple(tickets)})]
+        assert batch._compose(dialect, as_tuple, end="ROLLBACK") == (sql, parameters)
     assert [len(tickets) for tickets in plans] == [*range(9), 16, 32, 64, 128]
 
 
