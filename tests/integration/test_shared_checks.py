@@ -4,16 +4,18 @@ threads waiting on one customer keep being served in order."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from pathlock import PathLockManager, Settings
+from pathlock import Lease, PathLockManager, Settings
 from pathlock._polls import Ask
 from pathlock._records import Watched
+from pathlock.types import WaiterInfo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,46 +35,64 @@ def _same(many: Watched, one: Watched) -> None:
     assert abs(many.handed_for - one.handed_for) < 2.0
 
 
-def test_one_read_answers_each_check_as_a_read_of_its_own(
-    database_url: str, customer_id: int
-) -> None:
-    manager = PathLockManager(database_url, heartbeat=False)
+@contextlib.contextmanager
+def _waiting_behind(
+    manager: PathLockManager, customer_id: int, count: int
+) -> Iterator[tuple[Lease, list[WaiterInfo]]]:
+    """``count`` threads queued for ``/Shared/a``, which a holder keeps until
+    the block ends: the holder's lease, and the queued requests, oldest
+    first."""
     locks = manager.for_customer(customer_id)
     held = locks.lock_paths("/Shared/a", owner="holder")
-    other = locks.lock_paths("/Shared/z", owner="other")
 
     def wait(number: int) -> None:
         with locks.lock_paths("/Shared/a", owner=f"waiter-{number}", timeout=60):
             pass
 
-    waiting = [threading.Thread(target=wait, args=(n,)) for n in range(2)]
+    waiting = [threading.Thread(target=wait, args=(n,)) for n in range(count)]
     try:
         for thread in waiting:
             thread.start()
-        _until(lambda: len(manager.list_waiters(customer_id)) == 2)
-        first, second = manager.list_waiters(customer_id)
-        store = manager._store
-        asks = [
-            # Rows of its own (as if handed over), a ticket still queued and
-            # one gone, a lease that holds and one that does not.
-            Ask(held.lease_id, (first.ticket, GONE), (other.lease_id, "no-such-lease")),
-            Ask(first.lease_id, (second.ticket, first.ticket), ("no-such-lease",)),
-            Ask(None, (), ()),
-            Ask("no-such-lease", (), (held.lease_id,)),
-            Ask(None, (GONE, GONE + 1), ()),
-        ]
-        many = store._watch(customer_id, asks, None)
-        alone = [store._watch(customer_id, [ask], None)[0] for ask in asks]
-        for answer, own in zip(many, alone, strict=True):
-            _same(answer, own)
-        assert [answer.held_left for answer in many] == [1, 0, None, 1, None]
-        assert [answer.ahead_left for answer in many] == [1, 2, None, None, 0]
-        if many[0].looked:  # where releases hand over (MariaDB)
-            assert [answer.handed for answer in many[:2]] == [held.fencing_token, None]
+        _until(lambda: len(manager.list_waiters(customer_id)) == count)
+        yield held, manager.list_waiters(customer_id)
     finally:
         held.release()
         for thread in waiting:
             thread.join(60)
+
+
+def _answered_alike(manager: PathLockManager, customer_id: int, asks: list[Ask]) -> list[Watched]:
+    """The answers of one read to ``asks``, checked against a read each."""
+    store = manager._store
+    many = store._watch(customer_id, asks, None)
+    alone = [store._watch(customer_id, [ask], None)[0] for ask in asks]
+    for answer, own in zip(many, alone, strict=True):
+        _same(answer, own)
+    return many
+
+
+def test_one_read_answers_each_check_as_a_read_of_its_own(
+    database_url: str, customer_id: int
+) -> None:
+    manager = PathLockManager(database_url, heartbeat=False)
+    other = manager.for_customer(customer_id).lock_paths("/Shared/z", owner="other")
+    try:
+        with _waiting_behind(manager, customer_id, 2) as (held, (first, second)):
+            asks = [
+                # Rows of its own (as if handed over), a ticket still queued and
+                # one gone, a lease that holds and one that does not.
+                Ask(held.lease_id, (first.ticket, GONE), (other.lease_id, "no-such-lease")),
+                Ask(first.lease_id, (second.ticket, first.ticket), ("no-such-lease",)),
+                Ask(None, (), ()),
+                Ask("no-such-lease", (), (held.lease_id,)),
+                Ask(None, (GONE, GONE + 1), ()),
+            ]
+            many = _answered_alike(manager, customer_id, asks)
+            assert [answer.held_left for answer in many] == [1, 0, None, 1, None]
+            assert [answer.ahead_left for answer in many] == [1, 2, None, None, 0]
+            if many[0].looked:  # where releases hand over (MariaDB)
+                assert [answer.handed for answer in many[:2]] == [held.fencing_token, None]
+    finally:
         other.release()
         manager.close()
 
@@ -85,37 +105,20 @@ def test_checks_that_ask_about_many_tickets_and_leases_are_answered_alike(
     the answers of a read each: every ticket still queued counted once,
     whether a lease in the way holds."""
     manager = PathLockManager(database_url, heartbeat=False)
-    locks = manager.for_customer(customer_id)
-    held = locks.lock_paths("/Shared/a", owner="holder")
-
-    def wait(number: int) -> None:
-        with locks.lock_paths("/Shared/a", owner=f"waiter-{number}", timeout=60):
-            pass
-
-    waiting = [threading.Thread(target=wait, args=(n,)) for n in range(3)]
     try:
-        for thread in waiting:
-            thread.start()
-        _until(lambda: len(manager.list_waiters(customer_id)) == 3)
-        tickets = [waiter.ticket for waiter in manager.list_waiters(customer_id)]
-        nobody = [GONE + n for n in range(gone)]
-        leases = [f"no-such-lease-{n}" for n in range(gone)]
-        asks = [
-            Ask(None, (*nobody, *tickets), ()),
-            Ask(None, (tickets[0], *nobody), (*leases, held.lease_id)),
-            Ask(None, tuple(nobody), tuple(leases)),
-        ]
-        store = manager._store
-        many = store._watch(customer_id, asks, None)
-        alone = [store._watch(customer_id, [ask], None)[0] for ask in asks]
-        for answer, own in zip(many, alone, strict=True):
-            _same(answer, own)
-        assert [answer.ahead_left for answer in many] == [3, 1, 0]
-        assert [answer.held_left for answer in many] == [None, 1, 0]
+        with _waiting_behind(manager, customer_id, 3) as (held, queued):
+            tickets = [waiter.ticket for waiter in queued]
+            nobody = [GONE + n for n in range(gone)]
+            leases = [f"no-such-lease-{n}" for n in range(gone)]
+            asks = [
+                Ask(None, (*nobody, *tickets), ()),
+                Ask(None, (tickets[0], *nobody), (*leases, held.lease_id)),
+                Ask(None, tuple(nobody), tuple(leases)),
+            ]
+            many = _answered_alike(manager, customer_id, asks)
+            assert [answer.ahead_left for answer in many] == [3, 1, 0]
+            assert [answer.held_left for answer in many] == [None, 1, 0]
     finally:
-        held.release()
-        for thread in waiting:
-            thread.join(60)
         manager.close()
 
 
