@@ -427,18 +427,25 @@ def _int(value: Any) -> int | None:
 
 
 def _queue(customer_id: int, version: int, rows: Sequence[Any]) -> _Queue:
-    """What a release read: the version its lock of the sentinel row read, the
-    oldest queued requests (``QUEUE_HEAD``'s rows, each a JSON array). A row
-    pathlock cannot read (written by hand) hands nothing over: the version
-    moves, and the waiters try for themselves."""
+    """What a release read: the version its lock of the sentinel row read, and
+    the oldest queued requests (see :func:`_queued`)."""
+    return _Queue(version, *_queued(customer_id, rows))
+
+
+def _queued(customer_id: int, rows: Sequence[Any]) -> tuple[list[WaiterInfo], int | None]:
+    """The oldest queued requests as a release reads them (``QUEUE_HEAD``'s
+    rows, each a JSON array), and how long paths handed to the first would
+    last (see :attr:`_Queue.term_us`). A row pathlock cannot read (written by
+    hand) hands nothing over: the version moves, and the waiters try for
+    themselves."""
     try:
         read = [item_row(QUEUE_ITEM, row.item) for row in rows]
         waiters = [waiter_info(row) for row in read]
     except (ValueError, TypeError):
         log.debug("customer %d: unreadable queued request among %.200r", customer_id, rows)
-        return _Queue(version, [], None)
-    term = read[0].hand_over_us
-    return _Queue(version, waiters, None if term is None else int(term))
+        return [], None
+    term = read[0].hand_over_us if read else None
+    return waiters, None if term is None else int(term)
 
 
 class Store:
@@ -1312,11 +1319,12 @@ class Store:
         an attempt of its own. A lease that was itself handed its paths knows
         who was next in line then, and hands them on in the release's one
         round trip (:meth:`_release_to`); for a customer seen with a queue
-        moments ago the release reads the queue and hands over in the same
-        transaction (:meth:`_release_handing_over`); otherwise the release is
-        one round trip, and a queue it finds is handed the paths in a
-        transaction of its own (:meth:`_hand_over`). Elsewhere a release moves
-        the customer's version, and the waiters try for themselves."""
+        moments ago the release reads the head of the queue first, then
+        hands over in that one round trip (:meth:`_release_reading_first`);
+        otherwise the release is one round trip, and a queue it finds is
+        handed the paths in a transaction of its own (:meth:`_hand_over`).
+        Elsewhere a release moves the customer's version, and the waiters
+        try for themselves."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
         known, heir = self._heir_of(lease_id, paths)
 
@@ -1325,7 +1333,7 @@ class Store:
                 if heir is not None:
                     return self._release_to(connection, customer_id, parameters, heir), None
                 if not known and self._likely_queued(customer_id):
-                    return self._release_handing_over(connection, customer_id, parameters, paths)
+                    return self._release_reading_first(connection, customer_id, parameters, paths)
                 if not known:
                     return self._release_lean(connection, customer_id, parameters)
                 return self._release_in_one(connection, customer_id, parameters)
@@ -1340,19 +1348,21 @@ class Store:
         return deleted
 
     @staticmethod
-    def _heir(released: Sequence[PathMode] | None, queue: _Queue) -> tuple[bool, _Heir | None]:
-        """Whom a release of ``released`` (``None``: unknown) that read
-        ``queue`` hands its paths to: whether anyone queued waited for them
-        (if not, there is nothing to do), and the head of the queue if it
-        can be granted them (if not, the version moves, so that those who
-        waited for them try for themselves)."""
-        waiters = queue.waiters
+    def _heir(
+        released: Sequence[PathMode] | None, queued: list[WaiterInfo], term_us: int | None
+    ) -> tuple[bool, _Heir | None]:
+        """Whom a release of ``released`` (``None``: unknown) that read the
+        oldest ``queued`` requests hands its paths to (``term_us``: see
+        :attr:`_Queue.term_us`): whether anyone queued waited for them (if
+        not, there is nothing to do), and the head of the queue if it can be
+        granted them (if not, the version moves, so that those who waited
+        for them try for themselves)."""
+        waiters = queued
         if waiters and released is not None and len(waiters) < HAND_OVER_WAITERS:
             waiters = [info for info in waiters if requests_conflict(info.paths, released)]
             if not waiters:
                 return False, None  # nobody waited for these paths
-        head = queue.waiters[0] if queue.waiters else None
-        term_us = queue.term_us
+        head = queued[0] if queued else None
         if (
             head is not None
             and term_us is not None
@@ -1380,7 +1390,7 @@ class Store:
         have blocked them; the waiter takes them up (:meth:`take_up`, or its
         first renewal). A failure here is logged: the waiters find the paths
         free at their next recheck."""
-        concerned, heir = self._heir(released, queue)
+        concerned, heir = self._heir(released, queue.waiters, queue.term_us)
         if not concerned:
             return
 
@@ -1405,56 +1415,40 @@ class Store:
             self.settings.recheck,
         )
 
-    def _release_handing_over(
+    def _release_reading_first(
         self,
         connection: Connection,
         customer_id: int,
         parameters: dict[str, Any],
         released: Sequence[PathMode] | None,
-    ) -> tuple[int, None]:
-        """A release that hands its paths to the head of the queue in its own
-        transaction, for a customer seen with a queue moments ago: the first
-        round trip locks the sentinel row, deletes the rows and reads the head
-        of the queue, and leaves the transaction open; the second grants the
-        head the paths, or moves the version (see :meth:`_hand_over`), or
-        does neither (nobody waited for them), and carries the COMMIT. Two
-        round trips and one commit, where a release and a hand-over of its
-        own take two commits: the next in line gets the paths sooner. The
-        rows deleted, and no queue left to hand anything to."""
-        locked, deleted, _, queued = batch.run(
-            connection,
-            [
-                (LOCK_AND_READ_SENTINEL, {"c_id": customer_id}),
-                (RELEASE, parameters),
-                (LOCKS_REMOVED, parameters),
-                (QUEUE_HEAD, {"c_id": customer_id}),
-            ],
+    ) -> tuple[int, _Queue | None]:
+        """A release for a customer seen with a queue moments ago: the head of
+        the queue read first, locking nothing (a read and its ROLLBACK, one
+        round trip); then, if it waited for the released paths, the release
+        hands them to it in its own round trip with its COMMIT
+        (:meth:`_release_to`, which checks everything again under the
+        sentinel row: a head granted or gone since the read gets nothing,
+        and the version moves). Two round trips and one commit, as reading
+        the queue in the release's transaction would take, but the sentinel
+        row is held for one of them, not both: while requests queue, every
+        grant of the customer waits for that row. Where nobody queued waited
+        for the paths, the release reads the queue again under the row (a
+        request may have queued for them since) and hands over in a
+        transaction of its own if it must (:meth:`_release_in_one`); where
+        nobody is queued, it is the release of a customer without a queue.
+        The rows deleted, and what :meth:`_hand_over` needs, if anything."""
+        (rows,) = self._read_and_roll_back(
+            connection, [(QUEUE_HEAD, {"c_id": customer_id})], every=True
         )
-        if not locked.rowcount:
-            # No sentinel row (an operator deleted it): as _release_in_one.
-            connection.commit()
-            self._tx.bump(connection, customer_id)
-            connection.commit()
-            return deleted.rowcount, None
-        if queued.rows:
-            self._seen_queued(customer_id)
-        concerned, heir = False, None
-        if queued.rows and deleted.rowcount:
-            concerned, heir = self._heir(
-                released, _queue(customer_id, locked.lastrowid, queued.rows)
-            )
+        if not rows:
+            return self._release_lean(connection, customer_id, parameters)
+        self._seen_queued(customer_id)
+        concerned, heir = self._heir(released, *_queued(customer_id, rows))
         if heir is not None:
-            try:
-                self._grant_head(
-                    connection, customer_id, heir, locked.lastrowid, sentinel_locked=True
-                )
-            except DBAPIError as error:
-                return self._not_handed_on(connection, customer_id, parameters, error), None
-        elif concerned:
-            batch.run(connection, [(BUMP, {"c_id": customer_id})], commit=True)
-        else:
-            connection.commit()
-        return deleted.rowcount, None
+            return self._release_to(connection, customer_id, parameters, heir), None
+        if concerned:
+            return self._release_moving(connection, customer_id, parameters), None
+        return self._release_in_one(connection, customer_id, parameters)
 
     def _not_handed_on(
         self,
@@ -1480,17 +1474,14 @@ class Store:
         customer_id: int,
         heir: _Heir,
         seen: int,
-        *,
-        sentinel_locked: bool = False,
     ) -> None:
         """Grant ``heir`` its paths, in one round trip that ends with the
         COMMIT, if nothing is in its way and it is still the oldest live
-        request; then move the version from ``seen`` unless the grant did.
-        ``sentinel_locked``: this transaction holds the sentinel row
-        already."""
-        steps: list[tuple[Any, dict[str, Any]]] = [(SET_GRANT_UNTIL, self._until())]
-        if not sentinel_locked:
-            steps.append((LOCK_SENTINEL, {"c_id": customer_id}))
+        request; then move the version from ``seen`` unless the grant did."""
+        steps: list[tuple[Any, dict[str, Any]]] = [
+            (SET_GRANT_UNTIL, self._until()),
+            (LOCK_SENTINEL, {"c_id": customer_id}),
+        ]
         grant = len(steps)
         steps += self._handing_to(customer_id, heir)
         steps.append((BUMP_IF_UNMOVED, {"c_id": customer_id, "seen": seen}))

@@ -26,7 +26,6 @@ import pytest
 from sqlalchemy import text
 
 from pathlock import Lease, Owner, PathLockManager, Settings
-from pathlock import _batch as batch
 from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest
 from pathlock._store import Store, _Queue
 from pathlock.paths import normalize_request
@@ -81,9 +80,10 @@ RELEASES = pytest.mark.parametrize("seen_queue", [True, False], ids=["seen-queue
 
 
 def _release_path(manager: PathLockManager, customer_id: int, seen_queue: bool) -> None:
-    """Make ``manager``'s next release of the customer hand over in its own
-    transaction (``seen_queue``), as after its own request was queued or its
-    release read a queue, or in one of its own after it."""
+    """Make ``manager``'s next release of the customer read the head of the
+    queue first and hand over in the release's own round trip
+    (``seen_queue``), as after its own request was queued or its release read
+    a queue, or hand over in a transaction of its own after it."""
     store: Store = manager._store
     if seen_queue:
         store._seen_queued(customer_id)
@@ -234,14 +234,15 @@ def test_a_hand_over_to_a_request_that_left_the_queue_grants_nothing(
         again.release()
 
 
-def test_a_release_of_a_customer_seen_with_a_queue_hands_over_in_its_own_transaction(
+def test_a_release_of_a_customer_seen_with_a_queue_reads_it_first_and_hands_over_in_one(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A manager that saw the customer's queue moments ago releases and hands
-    the paths over in one transaction: its first round trip locks the
-    sentinel row, deletes the rows and reads the queue, the second grants the
-    head and commits. Two round trips and one COMMIT, where a release and a
-    hand-over of its own take two of each."""
+    """A manager that saw the customer's queue moments ago reads the head of
+    the queue first, locking nothing (a read and its ROLLBACK), then releases
+    and hands the paths over in one round trip that locks the sentinel row
+    and ends with the COMMIT. Two round trips and one COMMIT, where a release
+    and a hand-over of its own take two of each; and the sentinel row, which
+    every grant of the customer waits for, is held for one of them."""
     with (
         PathLockManager(mariadb_url, heartbeat=False) as holder,
         PathLockManager(mariadb_url, heartbeat=False) as waiter,
@@ -256,8 +257,12 @@ def test_a_release_of_a_customer_seen_with_a_queue_hands_over_in_its_own_transac
                 lease.release()
             _wait_until(lambda: "lease" in got or "error" in got)
         assert [_statements(command) for command in commands] == [
-            ["UPDATE", "DELETE", "UPDATE", "SELECT"],
-            ["SET", "INSERT", "UPDATE", "DELETE", "UPDATE", "UPDATE", "COMMIT"],
+            ["SELECT", "ROLLBACK"],
+            [
+                *("SET", "UPDATE", "DELETE", "UPDATE"),  # the sentinel row locked, the release
+                *("INSERT", "UPDATE", "DELETE", "UPDATE"),  # the hand-over
+                *("UPDATE", "COMMIT"),  # the version moved only if nothing was handed
+            ],
         ], commands
         handed: Lease = got["lease"]
         assert handed.fencing_token == lease.fencing_token + 1
@@ -272,13 +277,12 @@ def test_a_hand_over_the_server_refuses_still_releases(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The hand-over in the release's own transaction fails with an error that
-    no retry helps (here: a statement the server refuses): the release is
-    made without it, the version moves, a warning says so, and the waiter
-    takes the path for itself."""
-
-    def refused(_store: Store, connection: Any, *_args: Any, **_kwargs: Any) -> None:
-        batch.run(connection, [(text("SELECT * FROM pathlock_no_such_table"), {})], commit=True)
+    """The hand-over in the release's own round trip, after it read the head
+    of the queue, fails with an error that no retry helps (here: a statement
+    the server refuses, after which it runs nothing of the query): the
+    release is made without it, the version moves, a warning says so, and
+    the waiter takes the path for itself."""
+    refused = [(text("SELECT * FROM pathlock_no_such_table"), {})]
 
     with (
         PathLockManager(mariadb_url, heartbeat=False) as holder,
@@ -289,7 +293,7 @@ def test_a_hand_over_the_server_refuses_still_releases(
             _queued(holder, customer_id, 1)
             _release_path(holder, customer_id, seen_queue=True)
             version = _version(holder, customer_id)
-            monkeypatch.setattr(Store, "_grant_head", refused)
+            monkeypatch.setattr(Store, "_handing_to", lambda *_args: refused)
             lease.release()
             monkeypatch.undo()
             assert lease.released
@@ -306,10 +310,11 @@ def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
     mariadb_url: str, customer_id: int, seen_queue: bool
 ) -> None:
     """The head of the queue waited for the released path and for one still
-    held: the hand-over grants nothing and moves the version, from the one
-    the release's reply carried, so the waiters try for themselves. Whether
-    the release hands over in its own transaction (the manager saw the
-    customer's queue moments ago) or in one after it."""
+    held: the hand-over grants nothing and moves the version (in a hand-over
+    of its own, from the one the release's reply carried), so the waiters
+    try for themselves. Whether the release hands over in its own round trip
+    after reading the queue (the manager saw the customer's queue moments
+    ago) or in a transaction after it."""
     with PathLockManager(mariadb_url, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
         for _ in range(3):
@@ -321,12 +326,11 @@ def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
         handed = _calls(store, "_heir")
         version = _version(manager, customer_id)
         store.release(customer_id, lease.lease_id, paths=lease.paths)
-        ((released, queue),) = handed
+        ((released, waiters, term_us),) = handed
         assert released == lease.paths
-        assert queue.version == version
-        assert [info.lease_id for info in queue.waiters] == [request.lease_id]
-        assert queue.waiters[0].paths == (("/a", "exclusive"), ("/b", "exclusive"))
-        assert queue.term_us == round(manager.settings.waiter_ttl * 1_000_000)
+        assert [info.lease_id for info in waiters] == [request.lease_id]
+        assert waiters[0].paths == (("/a", "exclusive"), ("/b", "exclusive"))
+        assert term_us == round(manager.settings.waiter_ttl * 1_000_000)
         assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
         assert _version(manager, customer_id) == version + 1
         other.release()
