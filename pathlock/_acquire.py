@@ -10,7 +10,6 @@ place in the queue gives it up before this returns.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -203,9 +202,7 @@ class _Steps:
                 step.ahead,
                 held=step.held,
                 deadline=step.deadline,
-                # Threads share reads; a thread that runs an event loop (the
-                # asyncio API) must not wait for another's.
-                shared=asyncio._get_running_loop() is None,
+                shared=True,
                 asker=request.lease_id,
             )
         if isinstance(step, TakeUp):

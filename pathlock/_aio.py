@@ -5,7 +5,7 @@ loop (:mod:`pathlock._transactions`), the store's transactions and the
 manager's bookkeeping are written once, as plain functions. The asyncio API
 runs them the way SQLAlchemy's own asyncio extension runs its ORM: inside a
 greenlet (``greenlet_spawn``) on the event loop, with every wait handed to the
-loop as a coroutine (``await_only``). Three kinds of wait exist, and each has
+loop as a coroutine (``await_only``). Four kinds of wait exist, and each has
 its asyncio form here:
 
 - a transaction's attempt (:meth:`LoopRunner.attempt`): the statements go
@@ -21,6 +21,9 @@ its asyncio form here:
 - the pause between two attempts (:meth:`LoopRunner.sleep`): ``asyncio.sleep``;
 - a waiting request's sleep (:class:`LoopWaker`): an ``asyncio.Event`` that a
   release of another task (or thread) sets.
+- a waiting request's check that joins another task's read of their customer
+  (:attr:`LoopRunner.waits`, see :mod:`pathlock._polls`): an
+  ``asyncio.Event`` that the task making the read sets.
 
 So a waiting task holds no thread and never blocks the loop, and a task that
 is cancelled is cancelled inside whichever wait it is in: the cancellation
@@ -55,6 +58,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from pathlock import _deadlines as deadlines
 from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
+from pathlock._polls import Waits
 from pathlock._routing import Node
 from pathlock._transactions import THREAD, AttemptFailed
 from pathlock.clock import Clock
@@ -196,6 +200,9 @@ class LoopRunner:
         self._turn_began: float | None = None
         self._turn_ending = False
         self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The tasks of the loop share their reads of a customer while they
+        # wait (pathlock._polls), waiting for one another on the loop.
+        self.waits = Waits(functools.partial(_LoopEvent, self), self.sleep)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -598,6 +605,32 @@ class LoopWaker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._event.wait()
+
+
+class _LoopEvent:
+    """What a task waits on for another task's read of their customer
+    (:class:`pathlock._polls.Event`): an event set and awaited on the loop,
+    by tasks of the loop."""
+
+    __slots__ = ("_event", "_runner")
+
+    def __init__(self, runner: LoopRunner) -> None:
+        self._runner = runner
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._event.is_set():
+            return True
+        return wait(self._runner.loop, self._wait(timeout), seconds=timeout)
+
+    async def _wait(self, timeout: float | None) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+        return self._event.is_set()
 
 
 class TaskHeartbeat:

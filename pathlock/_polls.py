@@ -23,9 +23,10 @@ Here a process reads one customer for all of its checks:
 
 A check waits at most as long as its own read would have been allowed to
 take, and for a read that stalled at most :data:`STALLED`; then, or when the
-read it waited for failed, it reads alone. Only threads share (a thread waits
-for another's read): code on a thread that runs an event loop (the asyncio
-API) reads for itself, as waiting there would stop the loop.
+read it waited for failed, it reads alone. Threads wait for one another's
+reads with :data:`THREADS`; the tasks of the asyncio API, which must not
+stop their loop, share the reads of their loop with waits of their own
+(:class:`Waits`, given by ``pathlock._aio.LoopRunner``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,33 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pathlock._interrupts import held_back
 from pathlock._records import Watched
+
+
+class Event(Protocol):
+    """What a check waits on for another's read (``threading.Event``'s
+    methods)."""
+
+    def set(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """How the checks of one :class:`SharedPolls` wait: for another's read
+    (on an ``event()``), and for the checks that come due before a read
+    begins (``sleep``)."""
+
+    event: Callable[[], Event]
+    sleep: Callable[[float], None]
+
+
+THREADS = Waits(threading.Event, time.sleep)
+"""The waits of threads."""
 
 
 @dataclass(eq=False, slots=True)
@@ -57,7 +82,7 @@ class Ask:
     lead: _Reading | None = None
     # Set when the check is answered or handed a read: made when it joins
     # another's read (a check that reads at once never waits).
-    event: threading.Event | None = None
+    event: Event | None = None
 
 
 Read = Callable[[int, Sequence[Ask], float | None], list[Watched]]
@@ -86,12 +111,16 @@ class SharedPolls:
     """The checks of one process's waiting requests, read together per
     customer (see the module's docstring). ``gather``: the shortest time
     between two reads of a customer for different requests; ``call_time``:
-    how long a check without a deadline may wait."""
+    how long a check without a deadline may wait; ``waits``: how its checks
+    wait (those of threads, or of the tasks of one event loop)."""
 
-    def __init__(self, read: Read, *, gather: float, call_time: float) -> None:
+    def __init__(
+        self, read: Read, *, gather: float, call_time: float, waits: Waits = THREADS
+    ) -> None:
         self._read = read
         self._gather = gather
         self._call_time = call_time
+        self._waits = waits
         self._lock = threading.Lock()
         # Customer id -> the read under way.
         self._reading: dict[int, _Reading] = {}
@@ -120,7 +149,7 @@ class SharedPolls:
                 else:
                     self._begins(customer_id, mine)
             else:
-                ask.event = threading.Event()
+                ask.event = self._waits.event()
                 (reading.batch if reading.gather_until else reading.asks).append(ask)
                 mine = None
         if mine is None:
@@ -167,7 +196,7 @@ class SharedPolls:
         answers: list[Watched] | None = None
         try:
             if mine.gather_until:
-                time.sleep(max(0.0, mine.gather_until - time.monotonic()))
+                self._waits.sleep(max(0.0, mine.gather_until - time.monotonic()))
                 with held_back(), self._lock:
                     mine.gather_until = 0.0  # the batch is complete
                     self._begins(customer_id, mine)

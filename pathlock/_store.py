@@ -484,7 +484,10 @@ class Store:
 
     def _new_polls(self) -> SharedPolls:
         return SharedPolls(
-            self._watch, gather=self.settings.shared_check, call_time=self.settings.call_time
+            self._watch,
+            gather=self.settings.shared_check,
+            call_time=self.settings.call_time,
+            waits=self._tx.runner.waits,
         )
 
     def after_fork(self) -> None:
@@ -1124,7 +1127,8 @@ class Store:
         the rows a release handed to it, if any. With ``held`` (the leases
         that blocked its last attempt), also whether one of them still has a
         live row. ``shared``: the read may be one with the checks of other
-        threads of this process on the customer (see :mod:`pathlock._polls`)."""
+        requests of this process on the customer, as they wait in threads or
+        in tasks of the asyncio API's loop (see :mod:`pathlock._polls`)."""
         ask = Ask(lease_id, tuple(ahead), tuple(held), asker)
         if shared:
             return self._polls.check(customer_id, ask, deadline)

@@ -20,6 +20,7 @@ from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
 from pathlock import events
 from pathlock._flow import drive
+from pathlock._polls import THREADS, Waits
 from pathlock._routing import Node, Router
 from pathlock._statements import (
     BUMP,
@@ -139,6 +140,10 @@ class Runner(Protocol):
     out: :data:`THREAD`, on the calling thread; :class:`pathlock._aio.LoopRunner`,
     on an event loop (the asyncio API). The retry loop itself is the same."""
 
+    waits: Waits
+    """How waiting requests wait for one another's reads of their customer
+    (see :mod:`pathlock._polls`)."""
+
     def attempt(
         self,
         node: Node,
@@ -161,6 +166,8 @@ class Runner(Protocol):
 class _ThreadRunner:
     """Attempts on the calling thread, bounded by the socket timeouts of the
     connections (:mod:`pathlock._deadlines`)."""
+
+    waits = THREADS
 
     def attempt(
         self,

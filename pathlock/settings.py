@@ -67,8 +67,9 @@ class Settings:
       in line checks that often after it became next (or attempted); then as
       the wait policy says.
     - ``shared_check`` (seconds, default 0.01): while several requests of one
-      process wait on a customer, the shortest time between two reads of that
-      customer's queue for their checks (one read answers all of them).
+      process (its threads, or the tasks of an asyncio API's loop) wait on a
+      customer, the shortest time between two reads of that customer's queue
+      for their checks (one read answers all of them).
     - ``waiter_ttl`` (seconds, default 5.0): how soon a waiting request that
       died stops blocking the requests behind it.
 

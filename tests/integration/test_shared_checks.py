@@ -4,15 +4,16 @@ threads waiting on one customer keep being served in order."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from pathlock import Lease, PathLockManager, Settings
+from pathlock import AsyncLease, AsyncPathLockManager, Lease, PathLockManager, Settings
 from pathlock._polls import Ask
 from pathlock._records import Watched
 from pathlock.types import WaiterInfo
@@ -151,3 +152,118 @@ def test_threads_waiting_on_one_customer_are_served_in_order(
             thread.join(60)
         manager.close()
     assert order == list(range(30))
+
+
+def _counting_reads(manager: AsyncPathLockManager) -> list[int]:
+    """The number of checks each read of the manager's shared checks answers,
+    as they are made."""
+    polls = manager._core._store._polls
+    read, sizes = polls._read, []
+
+    def counted(customer_id: int, asks: Sequence[Ask], deadline: float | None) -> list[Watched]:
+        sizes.append(len(asks))
+        return read(customer_id, asks, deadline)
+
+    polls._read = counted
+    return sizes
+
+
+async def _tasks_waiting(
+    manager: AsyncPathLockManager, customer_id: int, paths: Sequence[str], order: list[int]
+) -> list[asyncio.Task[None]]:
+    """A task for each of ``paths``, queued one after the other, each
+    appending its number to ``order`` once granted."""
+    locks = manager.for_customer(customer_id)
+
+    async def wait(number: int, path: str) -> None:
+        lease: AsyncLease = await locks.lock_paths(path, timeout=60)
+        order.append(number)
+        await lease.release()
+
+    tasks = []
+    for number, path in enumerate(paths):
+        tasks.append(asyncio.create_task(wait(number, path)))
+        while len(await manager.list_waiters(customer_id)) < number + 1:
+            await asyncio.sleep(0.01)
+    return tasks
+
+
+def test_tasks_of_one_loop_share_their_reads_of_a_customer(
+    database_url: str, customer_id: int
+) -> None:
+    """30 tasks of one loop wait for paths of one holder, each for a path of
+    its own, so each checks its customer: their checks share reads, waiting
+    for one another on the loop (a read answers several), and all are
+    granted when the holder lets go."""
+
+    async def main() -> list[int]:
+        order: list[int] = []
+        async with AsyncPathLockManager(
+            database_url, settings=Settings(shared_check=0.05)
+        ) as manager:
+            sizes = _counting_reads(manager)
+            holder = await manager.for_customer(customer_id).lock_paths("/Shared")
+            paths = [f"/Shared/{number}" for number in range(30)]
+            tasks = await _tasks_waiting(manager, customer_id, paths, order)
+            await asyncio.sleep(0.3)
+            await holder.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            assert await manager.list_waiters(customer_id) == []
+        assert max(sizes) > 1, sizes
+        assert sum(sizes) > 2 * len(sizes), sizes
+        return order
+
+    assert sorted(asyncio.run(main())) == list(range(30))
+
+
+def test_tasks_waiting_on_one_customer_are_served_in_order(
+    database_url: str, customer_id: int
+) -> None:
+    """30 tasks queue one after the other for one path, whose holder keeps it
+    0.3 s: each is granted in the order it queued."""
+
+    async def main() -> list[int]:
+        order: list[int] = []
+        async with AsyncPathLockManager(
+            database_url, settings=Settings(shared_check=0.05)
+        ) as manager:
+            holder = await manager.for_customer(customer_id).lock_paths("/Shared/a")
+            tasks = await _tasks_waiting(manager, customer_id, ["/Shared/a"] * 30, order)
+            await asyncio.sleep(0.3)
+            await holder.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            assert await manager.list_waiters(customer_id) == []
+        return order
+
+    assert asyncio.run(main()) == list(range(30))
+
+
+def test_tasks_cancelled_while_they_share_reads_leave_the_others_served(
+    database_url: str, customer_id: int
+) -> None:
+    """Of 20 tasks whose checks share reads, every other one is cancelled,
+    in whatever wait it is (for another's read, making one, gathering the
+    checks of one): each leaves the queue, and the others are granted."""
+
+    async def main() -> list[int]:
+        order: list[int] = []
+        async with AsyncPathLockManager(
+            database_url, settings=Settings(shared_check=0.02)
+        ) as manager:
+            sizes = _counting_reads(manager)
+            holder = await manager.for_customer(customer_id).lock_paths("/Shared")
+            paths = [f"/Shared/{number}" for number in range(20)]
+            tasks = await _tasks_waiting(manager, customer_id, paths, order)
+            while max(sizes, default=0) < 3:
+                await asyncio.sleep(0.005)
+            for task in tasks[::2]:
+                task.cancel()
+                await asyncio.sleep(0.003)
+            await holder.release()
+            done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+            assert all(isinstance(result, asyncio.CancelledError) for result in done[::2])
+            assert done[1::2] == [None] * 10
+            assert await manager.list_waiters(customer_id) == []
+        return order
+
+    assert sorted(asyncio.run(main())) == list(range(1, 20, 2))
