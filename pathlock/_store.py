@@ -1322,11 +1322,11 @@ class Store:
         grants it them: the next in line learns it at its next check, without
         an attempt of its own. A lease that was itself handed its paths knows
         who was next in line then, and hands them on in the release's one
-        round trip (:meth:`_release_to`); for a customer seen with a queue
-        moments ago the release reads the head of the queue first, then
-        hands over in that one round trip (:meth:`_release_reading_first`);
-        otherwise the release is one round trip, and a queue it finds is
-        handed the paths in a transaction of its own (:meth:`_hand_over`).
+        round trip (:meth:`_release_to`). Other releases of a customer seen
+        with a queue moments ago read the head of the queue first, then hand
+        over in that one round trip (:meth:`_release_reading_first`); the rest
+        are one round trip, and a queue they find is handed the paths in a
+        transaction of its own (:meth:`_hand_over`).
         Elsewhere a release moves the customer's version, and the waiters
         try for themselves."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
@@ -1336,7 +1336,9 @@ class Store:
             if number == 1 and batch.commits_in_batches(connection):
                 if heir is not None:
                     return self._release_to(connection, customer_id, parameters, heir), None
-                if not known and self._likely_queued(customer_id):
+                # No heir known: the lease was not handed its paths, or the
+                # request next in line then waits for others (or none was).
+                if self._likely_queued(customer_id):
                     return self._release_reading_first(connection, customer_id, parameters, paths)
                 if not known:
                     return self._release_lean(connection, customer_id, parameters)
@@ -1357,23 +1359,23 @@ class Store:
     ) -> tuple[bool, _Heir | None]:
         """Whom a release of ``released`` (``None``: unknown) that read the
         oldest ``queued`` requests hands its paths to (``term_us``: see
-        :attr:`_Queue.term_us`): whether anyone queued waited for them (if
-        not, there is nothing to do), and the head of the queue if it can be
-        granted them (if not, the version moves, so that those who waited
-        for them try for themselves)."""
-        waiters = queued
-        if waiters and released is not None and len(waiters) < HAND_OVER_WAITERS:
-            waiters = [info for info in waiters if requests_conflict(info.paths, released)]
-            if not waiters:
-                return False, None  # nobody waited for these paths
-        head = queued[0] if queued else None
-        if (
-            head is not None
-            and term_us is not None
-            and term_us > 0
-            and waiters[0] is head
-            and _well_formed(head.paths)
-        ):
+        :attr:`_Queue.term_us`): whether anyone queued may have waited for
+        them (if not, there is nothing to do), and the head of the queue if
+        it waited for them and can take handed paths (if not, the version
+        moves, so that those who waited for them try for themselves). A head
+        that waits for other paths is handed nothing: its grant could only be
+        refused (something else is in its way), under the customer's row."""
+        if not queued:
+            return True, None  # unreadable (written by hand): move the version
+        head = queued[0]
+        if released is not None:
+            first = next((info for info in queued if requests_conflict(info.paths, released)), None)
+            if first is None:
+                # Nobody read waited for these paths; those not read may have.
+                return len(queued) >= HAND_OVER_WAITERS, None
+            if first is not head:
+                return True, None
+        if term_us is not None and term_us > 0 and _well_formed(head.paths):
             return True, _Heir(head, term_us)
         return True, None
 

@@ -27,6 +27,7 @@ from sqlalchemy import text
 
 from pathlock import Lease, Owner, PathLockManager, Settings
 from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest
+from pathlock._statements import HAND_OVER_WAITERS
 from pathlock._store import Store, _Queue
 from pathlock.paths import normalize_request
 from pathlock.types import PathMode
@@ -667,6 +668,61 @@ def test_a_lease_handed_its_paths_hands_them_on_in_its_release(
         assert _version(manager, customer_id) == version + 1
         assert manager.list_waiters(customer_id) == []
         store.release(customer_id, second.lease_id)
+
+
+@RELEASES
+def test_a_release_hands_nothing_to_a_head_of_a_long_queue_that_waits_for_other_paths(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch, seen_queue: bool
+) -> None:
+    """More requests are queued than a release reads (16), and the first in
+    line waits for another path than the one released: the release sends no
+    grant for it (one that could only be refused, under the customer's row),
+    and moves the version, so that the requests that waited for the path try
+    for themselves. It once granted to the head of a long queue whatever the
+    head waited for."""
+    with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        locks, store = manager.for_customer(customer_id), manager._store
+        lease, other = locks.lock_paths("/a"), locks.lock_paths("/b", owner="other")
+        head, _ = _queue(store, customer_id, normalize_request(["/b"], []))
+        for number in range(HAND_OVER_WAITERS):
+            _queue(store, customer_id, normalize_request(["/a"], []), owner=f"q{number}")
+        _release_path(manager, customer_id, seen_queue)
+        version = _version(manager, customer_id)
+        with sent(monkeypatch) as commands:
+            assert store.release(customer_id, lease.lease_id, paths=lease.paths) == 1
+        assert not any("INSERT" in _statements(command) for command in commands), commands
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
+        assert _version(manager, customer_id) == version + 1
+        waiting = manager.list_waiters(customer_id)
+        assert len(waiting) == HAND_OVER_WAITERS + 1
+        assert waiting[0].lease_id == head.lease_id
+        other.release()
+
+
+def test_a_lease_handed_its_paths_whose_next_in_line_waits_for_others_reads_first(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request next in line when a lease was handed its paths waits for
+    other paths: the lease's release, of a customer seen with a queue, reads
+    the head of the queue before it locks the customer's row, as a release
+    that knows nobody does (it once read the queue under the row)."""
+    with PathLockManager(mariadb_url, heartbeat=False, settings=SETTINGS) as manager:
+        store: Store = manager._store
+        other = manager.for_customer(customer_id).lock_paths("/b", owner="other")
+        first, second, _ticket = _handed_with_one_behind(
+            manager, customer_id, normalize_request(["/b"], [])
+        )
+        _release_path(manager, customer_id, seen_queue=True)
+        version = _version(manager, customer_id)
+        with sent(monkeypatch) as commands:
+            assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert _statements(commands[0]) == ["SELECT", "ROLLBACK"], commands
+        assert len(commands) == 2, commands
+        assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
+        # Nobody waited for /a: the version does not move.
+        assert _version(manager, customer_id) == version
+        assert [info.lease_id for info in manager.list_waiters(customer_id)] == [second.lease_id]
+        other.release()
 
 
 def test_a_check_whose_reads_straddle_the_hand_over_hands_on_to_the_next_in_line(
