@@ -56,6 +56,7 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
 from pathlock._polls import Waits
@@ -566,11 +567,14 @@ def watch_commits(engine: Engine) -> None:
     attempt cut short then is known to be in doubt. The mark is cleared when
     the connection's next transaction begins (the COMMIT was answered)."""
 
+    # A batch that ends with its COMMIT marks the limit itself (_batch.run).
+    @batch.done_in_batches
     def committing(_connection: Connection) -> None:
         current = deadlines.current()
         if current is not None:
             current.commit_unanswered = True
 
+    @batch.done_in_batches
     def beginning(_connection: Connection) -> None:
         current = deadlines.current()
         if current is not None:

@@ -30,7 +30,7 @@ import functools
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
@@ -40,6 +40,8 @@ from sqlalchemy.sql.expression import Executable
 
 from pathlock import _deadlines as deadlines
 from pathlock import dialects
+
+T = TypeVar("T")
 
 # The dialects (one per engine) whose COMMIT may travel in a batch.
 _COMMITTING: weakref.WeakSet[Dialect] = weakref.WeakSet()
@@ -180,6 +182,10 @@ def run(
             # as if begun before the query (its begin sends nothing here),
             # and the caller's rollback() sends the ROLLBACK.
             connection.begin()
+            if limit is not None:
+                # Listeners of that begin (the asyncio API's) clear the mark:
+                # the COMMIT is as unanswered as before.
+                limit.commit_unanswered = True
         # Every statement answered: the error is the COMMIT's own.
         committing = commit and len(replies) == len(steps)
         raise _failure(
@@ -237,13 +243,45 @@ def _begin(connection: Connection, end: str | None) -> bool:
     about it. The connection's begin() and commit() cost a grant more client
     CPU than anything else around the query, and sent nothing (see
     :func:`commit_in_batches`). Not where anyone listens for the
-    connection's begin or commit (the asyncio API does, and SQLite)."""
+    connection's begin, commit or rollback (SQLite's engines do, and your own
+    listeners may), but for listeners whose work such a batch does itself
+    (:func:`done_in_batches`: the asyncio API's)."""
     if connection.in_transaction():
         return False
-    if end is not None and not (connection._has_events or connection.engine._has_events):
+    if end is not None and (
+        not (connection._has_events or connection.engine._has_events)
+        or _only_done_in_batches(connection)
+    ):
         return True
     connection.begin()
     return False
+
+
+_DONE_IN_BATCHES = "_pathlock_done_in_batches"
+
+
+def done_in_batches(listener: T) -> T:
+    """Mark ``listener``, of an engine's begin, commit or rollback, as one
+    whose work a batch that ends its own transaction does itself (it marks
+    its COMMIT unanswered while the COMMIT is on its way, see :func:`run`):
+    such a batch need not go through the connection's begin() and commit()
+    for it."""
+    setattr(listener, _DONE_IN_BATCHES, True)
+    return listener
+
+
+def _only_done_in_batches(connection: Connection) -> bool:
+    """Whether the engine's listeners of begin, commit and rollback are all
+    marked :func:`done_in_batches`, and the connection has none of its own.
+    Loops, not generators: this runs in every batch of such an engine."""
+    if connection._has_events:
+        return False
+    dispatch = connection.engine.dispatch
+    for listeners in (dispatch.begin, dispatch.commit, dispatch.rollback):
+        for listener in listeners:
+            if not getattr(listener, _DONE_IN_BATCHES, False):
+                return False
+    return True
 
 
 def _replies(cursor: Any, count: int, end: str | None, replies: list[Reply]) -> None:
