@@ -188,6 +188,24 @@ async def _tasks_waiting(
     return tasks
 
 
+async def _served(
+    database_url: str, customer_id: int, held: str, paths: Sequence[str]
+) -> tuple[list[int], list[int]]:
+    """Tasks queued one after the other for ``paths`` while ``held`` is held,
+    and let go 0.3 s later: the numbers of the tasks in the order they were
+    granted, and the number of checks each read answered."""
+    order: list[int] = []
+    async with AsyncPathLockManager(database_url, settings=Settings(shared_check=0.05)) as manager:
+        sizes = _counting_reads(manager)
+        holder = await manager.for_customer(customer_id).lock_paths(held)
+        tasks = await _tasks_waiting(manager, customer_id, paths, order)
+        await asyncio.sleep(0.3)
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert await manager.list_waiters(customer_id) == []
+    return order, sizes
+
+
 def test_tasks_of_one_loop_share_their_reads_of_a_customer(
     database_url: str, customer_id: int
 ) -> None:
@@ -195,25 +213,11 @@ def test_tasks_of_one_loop_share_their_reads_of_a_customer(
     its own, so each checks its customer: their checks share reads, waiting
     for one another on the loop (a read answers several), and all are
     granted when the holder lets go."""
-
-    async def main() -> list[int]:
-        order: list[int] = []
-        async with AsyncPathLockManager(
-            database_url, settings=Settings(shared_check=0.05)
-        ) as manager:
-            sizes = _counting_reads(manager)
-            holder = await manager.for_customer(customer_id).lock_paths("/Shared")
-            paths = [f"/Shared/{number}" for number in range(30)]
-            tasks = await _tasks_waiting(manager, customer_id, paths, order)
-            await asyncio.sleep(0.3)
-            await holder.release()
-            await asyncio.wait_for(asyncio.gather(*tasks), 60)
-            assert await manager.list_waiters(customer_id) == []
-        assert max(sizes) > 1, sizes
-        assert sum(sizes) > 2 * len(sizes), sizes
-        return order
-
-    assert sorted(asyncio.run(main())) == list(range(30))
+    paths = [f"/Shared/{number}" for number in range(30)]
+    order, sizes = asyncio.run(_served(database_url, customer_id, "/Shared", paths))
+    assert max(sizes) > 1, sizes
+    assert sum(sizes) > 2 * len(sizes), sizes
+    assert sorted(order) == list(range(30))
 
 
 def test_tasks_waiting_on_one_customer_are_served_in_order(
@@ -221,21 +225,8 @@ def test_tasks_waiting_on_one_customer_are_served_in_order(
 ) -> None:
     """30 tasks queue one after the other for one path, whose holder keeps it
     0.3 s: each is granted in the order it queued."""
-
-    async def main() -> list[int]:
-        order: list[int] = []
-        async with AsyncPathLockManager(
-            database_url, settings=Settings(shared_check=0.05)
-        ) as manager:
-            holder = await manager.for_customer(customer_id).lock_paths("/Shared/a")
-            tasks = await _tasks_waiting(manager, customer_id, ["/Shared/a"] * 30, order)
-            await asyncio.sleep(0.3)
-            await holder.release()
-            await asyncio.wait_for(asyncio.gather(*tasks), 60)
-            assert await manager.list_waiters(customer_id) == []
-        return order
-
-    assert asyncio.run(main()) == list(range(30))
+    order, _sizes = asyncio.run(_served(database_url, customer_id, "/Shared/a", ["/Shared/a"] * 30))
+    assert order == list(range(30))
 
 
 def test_tasks_cancelled_while_they_share_reads_leave_the_others_served(
