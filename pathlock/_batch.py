@@ -126,9 +126,18 @@ def commits_in_batches(connection: Connection) -> bool:
     """Whether a batch on ``connection`` may carry its COMMIT: it may end
     with a ROLLBACK (:func:`rolls_back_in_batches`), and its server does not
     want its COMMITs alone (:data:`pathlock.dialects.base.COMMIT_ALONE`)."""
-    return rolls_back_in_batches(connection) and not connection.connection.info.get(
-        dialects.base.COMMIT_ALONE, False
-    )
+    # Asked in every grant and release: the answer is kept with the
+    # connection (its pool entry's info, emptied when it connects anew).
+    info = connection.connection.info
+    answer: bool | None = info.get(_COMMITS)
+    if answer is None:
+        answer = info[_COMMITS] = rolls_back_in_batches(connection) and not info.get(
+            dialects.base.COMMIT_ALONE, False
+        )
+    return answer
+
+
+_COMMITS = "pathlock_commits_in_batches"
 
 
 def run(

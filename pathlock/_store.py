@@ -104,6 +104,7 @@ from pathlock._statements import (
     WATCHED_LEASES,
     WATCHED_LEASES_LEFT,
     WATCHED_TICKETS,
+    Shape,
     blocker_items,
     blockers_query,
     enqueue_if_blocked,
@@ -128,6 +129,8 @@ attempt queued) counts as having one: a new request of it skips the grant in
 one round trip, which requires an empty queue, and goes straight to the
 attempt that says who is in the way."""
 _QUEUED_KEPT = 4096  # customers remembered at most
+_PREPARED_KEPT = 32  # request shapes remembered as prepared: their statements
+# stay among the compiled ones kept (batch._compiled keeps 512)
 
 BUSY_FOR = 2.0
 """Seconds for which a customer whose grant without searches was refused (it
@@ -478,6 +481,8 @@ class Store:
         # Customer id -> (monotonic time, paths) of this manager's last
         # hand-over that granted them.
         self._handed: dict[int, tuple[float, Sequence[PathMode]]] = {}
+        # The shapes of the requests prepared lately (see prepare()).
+        self._prepared: set[Shape] = set()
         # The checks of this process's waiting requests, read together per
         # customer.
         self._polls = self._new_polls()
@@ -542,6 +547,11 @@ class Store:
         dialect = self.router.nodes[0].engine.dialect
         if self.dialect.batches:
             form = shape(request.paths)
+            if form in self._prepared:
+                return  # a request of this shape prepared them moments ago
+            if len(self._prepared) >= _PREPARED_KEPT:
+                self._prepared.clear()
+            self._prepared.add(form)
             batch.prepare(CLAIM, dialect)
             batch.prepare(grant_statement(form, queued=True), dialect)
             if batch.may_commit(dialect):

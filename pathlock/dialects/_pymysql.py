@@ -7,14 +7,17 @@ replies, each an OK packet); a waiter's check is a batch of reads. Read
 through a cursor, each reply costs some forty Python calls of PyMySQL's result
 machinery (a result object, its packet wrappers, the cursor's bookkeeping),
 and each column of a result set as many again to parse its description, the
-same bytes for every run of the same statement. Here a reply costs PyMySQL's
-own packet reads and a few calls to decode them, and a column's description
+same bytes for every run of the same statement. Here a reply costs a read of
+its packets and a few calls to decode them, and a column's description
 is parsed (by PyMySQL) the first time the connection sees those bytes. Values
 are escaped and decoded by PyMySQL's own functions, as its cursor would. It
-relies on private methods of PyMySQL's connection (``_execute_command``,
-``_read_packet``, ``_escape_string``, there since PyMySQL 0.7); where one is
-missing, batches go through a cursor as on any other connection
-(:data:`DIRECT`).
+relies on private members of PyMySQL's connection (the methods
+``_execute_command``, ``_force_close`` and ``_escape_string``, the socket
+``_sock``, its reader ``_rfile`` and the packets' ``_next_seq_id``, all there
+since PyMySQL 0.7): a batch is sent by ``_execute_command()``, and every
+reply packet read as PyMySQL's own ``_read_packet()`` reads it, with its
+errors, in a third of its calls. Where one of the methods is missing,
+batches go through a cursor as on any other connection (:data:`DIRECT`).
 """
 
 from __future__ import annotations
@@ -23,15 +26,19 @@ from typing import Any
 
 import pymysql.connections
 from pymysql import converters
-from pymysql.constants import COMMAND, FIELD_TYPE, SERVER_STATUS
-from pymysql.protocol import FieldDescriptorPacket
+from pymysql.constants import COMMAND, CR, FIELD_TYPE, SERVER_STATUS
+from pymysql.protocol import FieldDescriptorPacket, MysqlPacket
 
 from pathlock import _deadlines as deadlines
 
-DIRECT = all(
-    callable(getattr(pymysql.connections.Connection, name, None))
-    for name in ("_execute_command", "_read_packet", "_escape_string")
-) and hasattr(pymysql.connections, "TEXT_TYPES")
+DIRECT = (
+    all(
+        callable(getattr(pymysql.connections.Connection, name, None))
+        for name in ("_execute_command", "_force_close", "_escape_string")
+    )
+    and hasattr(pymysql.connections, "TEXT_TYPES")
+    and hasattr(pymysql.connections, "MAX_PACKET_LEN")
+)
 """Whether this PyMySQL has what :class:`Connection` needs to read replies
 without a cursor."""
 
@@ -45,6 +52,9 @@ _EOF = 0xFE  # the first byte of an EOF packet (shorter than 9 bytes)
 _EOF_SIZE = 9
 _BINARY = 63  # the character set of a binary column
 _COLUMNS_KEPT = 1024  # column descriptions a connection keeps parsed
+_ERROR = 0xFF  # the first byte of an error packet
+_LONGEST = pymysql.connections.MAX_PACKET_LEN if DIRECT else 0  # a packet this long goes on
+_UNTRACKED = object()  # a socket timeout PyMySQL does not keep track of
 
 Reply = tuple[int, int | None, tuple[str, ...] | None, list[tuple[Any, ...]]]
 """A statement's reply: the rows it changed (matched, for an UPDATE; read, for
@@ -58,6 +68,11 @@ class Connection(deadlines.BoundedConnection):
     of its statements (see the module's docstring)."""
 
     _pathlock_pending = False  # replies of the last batch not read yet
+    _next_seq_id: int  # PyMySQL's: the sequence number of the next packet
+    _current_timeout: Any = _UNTRACKED
+    """The socket's timeout, as PyMySQL 1.2 and newer track it (set when it
+    connects); older versions set it before every read and write, and so
+    does this class's reading and writing then."""
 
     def send_batch(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
         """Send ``sql`` with ``parameters`` (by name or in order) escaped, as
@@ -125,7 +140,7 @@ class Connection(deadlines.BoundedConnection):
 
     def _next_packet(self) -> bytes:
         try:
-            data: bytes = self._read_packet()._data
+            data = self._payload()
         except pymysql.err.MySQLError:
             # The server's error (it runs nothing after it), or the
             # connection lost (PyMySQL closed it).
@@ -138,6 +153,62 @@ class Connection(deadlines.BoundedConnection):
             self._force_close()
             raise
         return data
+
+    def _payload(self) -> bytes:
+        """The next packet's payload, read as PyMySQL's ``_read_packet()``
+        reads it, with its errors (a server's error raised, a lost or timed
+        out connection closed), in a few calls: the timeout looked up once,
+        the header decoded inline, no packet object but for an error."""
+        timeout = self._read_timeout
+        current = self._current_timeout
+        if current != timeout:
+            self._sock.settimeout(timeout)
+            if current is not _UNTRACKED:
+                self._current_timeout = timeout
+        read = self._rfile.read
+        parts: list[bytes] = []
+        while True:
+            try:
+                header = read(4)
+                if len(header) == 4:  # noqa: PLR2004 - a packet's header
+                    length = header[0] | header[1] << 8 | header[2] << 16
+                    if header[3] != self._next_seq_id:
+                        self._out_of_step(header[3])
+                    self._next_seq_id = (header[3] + 1) % 256
+                    data: bytes = read(length)
+                    complete = len(data) == length
+                else:
+                    complete = False
+            except OSError as error:
+                self._force_close()
+                raise pymysql.err.OperationalError(
+                    CR.CR_SERVER_LOST, f"Lost connection to MySQL server during query ({error})"
+                ) from None
+            if not complete:
+                self._force_close()
+                raise pymysql.err.OperationalError(
+                    CR.CR_SERVER_LOST, "Lost connection to MySQL server during query"
+                )
+            if length < _LONGEST:
+                break
+            parts.append(data)  # a payload of 16 MiB or more goes on
+        if parts:
+            parts.append(data)
+            data = b"".join(parts)
+        if data and data[0] == _ERROR:
+            MysqlPacket(data, self.encoding).raise_for_error()
+        return data
+
+    def _out_of_step(self, sequence: int) -> None:
+        """Raise PyMySQL's error for a packet of the wrong sequence number."""
+        self._force_close()
+        if sequence == 0:  # MariaDB's error packet when it shuts down
+            raise pymysql.err.OperationalError(
+                CR.CR_SERVER_LOST, "Lost connection to MySQL server during query"
+            )
+        raise pymysql.err.InternalError(
+            f"Packet sequence number wrong - got {sequence} expected {self._next_seq_id}"
+        )
 
     def _ended(self, status: int) -> None:
         """A reply ended with the server's ``status``."""

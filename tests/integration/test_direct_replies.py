@@ -228,18 +228,33 @@ def test_an_interrupt_between_replies_leaves_the_rest_read(
 def test_an_interrupt_inside_a_reply_closes_the_connection(
     connection: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_bytes = _pymysql.Connection._read_bytes
+    dbapi_connection = connection.connection.dbapi_connection
+    assert isinstance(dbapi_connection, _pymysql.Connection)
     reads: list[int] = []
 
-    def interrupted(self: _pymysql.Connection, count: int) -> bytes:
-        reads.append(count)
-        if len(reads) == 3:  # the second reply's header: read, its body not
-            raise KeyboardInterrupt
-        return bytes(read_bytes(self, count))
+    class Interrupted:
+        """The connection's reader, interrupted at its third read."""
 
-    dbapi_connection = _interrupted(connection, monkeypatch, "_read_bytes", interrupted)
+        def __init__(self, reader: Any) -> None:
+            self.reader = reader
+
+        def read(self, count: int) -> bytes:
+            reads.append(count)
+            if len(reads) == 3:  # the second reply's header: read, its body not
+                raise KeyboardInterrupt
+            return bytes(self.reader.read(count))
+
+        def close(self) -> None:
+            self.reader.close()
+
+    monkeypatch.setattr(dbapi_connection, "_rfile", Interrupted(dbapi_connection._rfile))
+    steps = [(_given(number), {f"v{number}": 7}) for number in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(connection, steps, rollback=True)
+    assert reads[:2] == [4, reads[1]]  # a header, then its packet
     # What follows on the socket is not a reply to anything sent next.
     assert dbapi_connection._sock is None
+    assert dbapi_connection._rfile is None
     with pytest.raises(DBAPIError) as closed:
         connection.execute(text("SELECT 1"))
     assert closed.value.connection_invalidated
