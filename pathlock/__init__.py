@@ -31,7 +31,7 @@ from pathlock.events import Hooks
 from pathlock.lease import Lease
 from pathlock.manager import PathLockManager
 from pathlock.settings import Settings
-from pathlock.types import LockInfo, Mode, Owner, WaiterInfo
+from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Mode, Owner, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, ReverseExponentialBackoff, WaitPolicy
 
 __all__ = [
@@ -45,12 +45,14 @@ __all__ = [
     "CustomerLocks",
     "DatabaseTimeout",
     "DeadlockDetected",
+    "DetachedLease",
     "ExponentialBackoff",
     "Hooks",
     "InvalidArgument",
     "InvalidPath",
     "InvalidPathType",
     "Lease",
+    "LeaseInfo",
     "LeaseLost",
     "LockCancelled",
     "LockInfo",

@@ -24,7 +24,7 @@ import threading
 import weakref
 
 from pathlock import _validation as validation
-from pathlock.types import Owner
+from pathlock.types import DETACHED, Owner
 
 # Process-wide counters: a holder id is never handed out twice in a process.
 # A forked child continues the parent's sequence, but its managers have new
@@ -130,3 +130,10 @@ def current(identity: str, node_id: str, name: object = None) -> Owner:
         str(threading.get_native_id()),
         f"{identity}.{_holder(name)}",
     )
+
+
+def detached(node_id: str, lease_id: str) -> Owner:
+    """The owner of the detached lease ``lease_id``: the lease itself (see
+    :data:`pathlock.types.DETACHED`), granted by the calling thread of this
+    process on ``node_id`` (shown to people, as for every lock)."""
+    return Owner(node_id, os.getpid(), str(threading.get_native_id()), DETACHED + lease_id)

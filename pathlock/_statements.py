@@ -69,7 +69,7 @@ from pathlock.dialects import (
 )
 from pathlock.paths import ancestors, descendants_range, prefix_lengths
 from pathlock.schema import customer_locks, path_lock_waiter_paths, path_lock_waiters, path_locks
-from pathlock.types import EXCLUSIVE, PathMode
+from pathlock.types import DETACHED, EXCLUSIVE, PathMode
 
 # How many conflicting rows one attempt reads back, for the caller's error
 # message and the own-owner check. The conflict itself needs only one row.
@@ -1197,13 +1197,31 @@ OWNER_LOCK_ITEMS = _owner_locks(
     items((path_locks.c.path, path_locks.c.mode, path_locks.c.lease_id))
 )
 
+# The rows of one lease, by its id (the lease_id index), live or not, and the
+# database's time.
+LEASE_ROWS = (
+    select(
+        *LOCK_COLUMNS,
+        (path_locks.c.expires_at > now()).label("live"),
+        now().label("database_now"),
+    )
+    .where(
+        path_locks.c.customer_id == bindparam("c_id"),
+        path_locks.c.lease_id == bindparam("l_id"),
+    )
+    .order_by(path_locks.c.path)
+)
+
 # Operator clean-up.
 LEASE_CUSTOMER = (
     select(path_locks.c.customer_id).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)
 )
+# A node's clean-up spares the rows of detached leases (owner key
+# 'detached.<lease id>'), which no process holds: the node only granted them.
+_NOT_DETACHED = path_locks.c.owner_key.not_like(DETACHED + "%")
 NODE_CUSTOMERS = (
     select(path_locks.c.customer_id)
-    .where(path_locks.c.node_id == bindparam("o_node"))
+    .where(path_locks.c.node_id == bindparam("o_node"), _NOT_DETACHED)
     .union(
         select(path_lock_waiters.c.customer_id).where(
             path_lock_waiters.c.node_id == bindparam("o_node")
@@ -1213,6 +1231,7 @@ NODE_CUSTOMERS = (
 RELEASE_NODE = delete(path_locks).where(
     path_locks.c.customer_id == bindparam("c_id"),
     path_locks.c.node_id == bindparam("o_node"),
+    _NOT_DETACHED,
 )
 RELEASE_NODE_WAITERS = delete(path_lock_waiters).where(
     path_lock_waiters.c.customer_id == bindparam("c_id"),

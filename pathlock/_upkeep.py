@@ -16,6 +16,7 @@ from pathlock._records import as_utc, lock_info, waiter_info
 from pathlock._statements import (
     HOLD_SENTINELS,
     LEASE_CUSTOMER,
+    LEASE_ROWS,
     LOCK_COLUMNS,
     LOCKS_REMOVED,
     NODE_CUSTOMERS,
@@ -58,6 +59,24 @@ class Upkeep:
             return [lock_info(row) for row in rows]
 
         return self._tx.run("listing locks", attempt, read_only=True, customer_id=customer_id)
+
+    def lease_rows(
+        self, customer_id: int, lease_id: str
+    ) -> tuple[list[tuple[LockInfo, bool]], datetime | None]:
+        """The rows of one lease of ``customer_id``, by path, each with
+        whether it is live, and the database's time (``None`` without rows):
+        one indexed read."""
+        parameters = {"c_id": customer_id, "l_id": lease_id}
+
+        def attempt(
+            connection: Connection, _number: int
+        ) -> tuple[list[tuple[LockInfo, bool]], datetime | None]:
+            rows = connection.execute(LEASE_ROWS, parameters).all()
+            connection.rollback()
+            found = [(lock_info(row), bool(row.live)) for row in rows]
+            return found, as_utc(rows[0].database_now) if rows else None
+
+        return self._tx.run("looking up a lease", attempt, read_only=True, customer_id=customer_id)
 
     def database_time(self) -> datetime:
         """The database's clock, in UTC: the clock every expiry is judged by."""

@@ -37,7 +37,7 @@ from pathlock.errors import ArgumentTypeError, InvalidArgument, LeaseLost
 from pathlock.lease import Lease
 from pathlock.manager import CLOSED_WHILE_HELD, PathLockManager
 from pathlock.settings import Settings
-from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
+from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Owner, PathMode, WaiterInfo
 from pathlock.waiting import WaitPolicy
 
 if TYPE_CHECKING:
@@ -349,7 +349,28 @@ class AsyncPathLockManager:
             raise
         return None if lease is None else self._wrap(lease)
 
-    async def _cancel(self, request: asyncio.Task[Lease | None]) -> None:
+    async def _detached(
+        self, customer_id: int, paths: tuple[str, ...], options: dict[str, Any]
+    ) -> DetachedLease | None:
+        """A request for a detached lease, in a task of the manager's own (see
+        :meth:`_request`)."""
+        await self._open()
+        request = self._task(
+            spawn(
+                self._core._acquire_detached,
+                customer_id,
+                paths,
+                options.pop("shared"),
+                **options,
+            )
+        )
+        try:
+            return await asyncio.shield(request)
+        except asyncio.CancelledError:
+            await self._cancel(request)
+            raise
+
+    async def _cancel(self, request: asyncio.Task[Lease | DetachedLease | None]) -> None:
         """The caller of ``request`` was cancelled: cancel the request and
         wait (up to ``settings.resolve_time`` in all) while it leaves the
         queue or undoes a grant caught in the middle. A lease granted anyway
@@ -365,11 +386,16 @@ class AsyncPathLockManager:
         if release is not None:
             await asyncio.wait([release], timeout=max(0.0, ends - time.monotonic()))
 
-    def _release_orphan(self, request: asyncio.Task[Lease | None]) -> asyncio.Task[None] | None:
+    def _release_orphan(
+        self, request: asyncio.Task[Lease | DetachedLease | None]
+    ) -> asyncio.Task[Any] | None:
         """Release what a request whose caller is gone was granted."""
         if request.cancelled() or request.exception() is not None:
             return None
         lease = request.result()
+        if isinstance(lease, DetachedLease):
+            core = self._core
+            return self._task(spawn(core._release_detached, lease.customer_id, lease.lease_id))
         return None if lease is None else self._task(self._wrap(lease)._release_held())
 
     def _wrap(self, lease: Lease) -> AsyncLease:
@@ -487,6 +513,54 @@ class AsyncCustomerLocks:
             "blocking": False,
         }
         return await self.manager._request(self.customer_id, paths, options)
+
+    async def lock_detached(
+        self,
+        *paths: str,
+        ttl: float,
+        shared: Iterable[str] = (),
+        timeout: float | None = None,
+        reason: str = "",
+    ) -> DetachedLease:
+        """Lock every path at once for a detached lease (see
+        :meth:`CustomerLocks.lock_detached`): one that outlives this task, this
+        manager and this process, renewed and released by its lease id. A
+        cancellation while it waits leaves nothing held."""
+        options = {"shared": shared, "ttl": ttl, "timeout": timeout, "reason": reason}
+        lease = await self.manager._detached(self.customer_id, paths, options | {"blocking": True})
+        if lease is None:  # pragma: no cover - a blocking acquire returns or raises
+            raise AssertionError("blocking acquire returned no lease")
+        return lease
+
+    async def try_lock_detached(
+        self, *paths: str, ttl: float, shared: Iterable[str] = (), reason: str = ""
+    ) -> DetachedLease | None:
+        """One attempt at :meth:`lock_detached`; ``None`` if anything conflicts."""
+        options = {"shared": shared, "ttl": ttl, "timeout": 0, "reason": reason}
+        return await self.manager._detached(self.customer_id, paths, options | {"blocking": False})
+
+    async def renew_detached(self, lease_id: str, *, ttl: float) -> LeaseInfo:
+        """Renew the detached lease ``lease_id`` (see
+        :meth:`CustomerLocks.renew_detached`)."""
+        lease_id = validation.lease_id(lease_id)
+        ttl = validation.ttl(ttl)
+        manager = self.manager
+        return await manager._call(manager._core._renew_detached, self.customer_id, lease_id, ttl)
+
+    async def release_detached(self, lease_id: str) -> int:
+        """Release the detached lease ``lease_id`` (see
+        :meth:`CustomerLocks.release_detached`); carried out to its end even
+        if the caller is cancelled."""
+        lease_id = validation.lease_id(lease_id)
+        manager = self.manager
+        return await manager._finished(manager._core._release_detached, self.customer_id, lease_id)
+
+    async def get_lease(self, lease_id: str) -> LeaseInfo | None:
+        """The lease ``lease_id`` of this customer, if it exists and has not
+        expired (see :meth:`CustomerLocks.get_lease`)."""
+        lease_id = validation.lease_id(lease_id)
+        manager = self.manager
+        return await manager._call(manager._core._lease_info, self.customer_id, lease_id)
 
     async def release_locks(self, *, owner: str | None = None) -> int:
         """Release every lease this owner (the calling task, unless ``owner``

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from pathlock import _validation as validation
 from pathlock.errors import ArgumentTypeError
 from pathlock.lease import Lease, LostCallback
-from pathlock.types import LockInfo
+from pathlock.types import DetachedLease, LeaseInfo, LockInfo
 
 if TYPE_CHECKING:
     from pathlock._acquire import Cancel
     from pathlock.manager import PathLockManager
+
+
+T = TypeVar("T")
 
 
 class CustomerLocks:
@@ -68,21 +72,20 @@ class CustomerLocks:
         way finishes first), leaves the queue, and holds nothing.
         """
         _check_on_lost(on_lost)
-        lease = self.manager._acquire(
-            self.customer_id,
-            paths,
-            shared,
-            timeout=timeout,
-            reason=reason,
-            ttl=ttl,
-            blocking=True,
-            on_lost=on_lost,
-            owner=owner,
-            cancel=cancel,
+        return _granted(
+            self.manager._acquire(
+                self.customer_id,
+                paths,
+                shared,
+                timeout=timeout,
+                reason=reason,
+                ttl=ttl,
+                blocking=True,
+                on_lost=on_lost,
+                owner=owner,
+                cancel=cancel,
+            )
         )
-        if lease is None:  # pragma: no cover - a blocking acquire returns or raises
-            raise AssertionError("blocking acquire returned no lease")
-        return lease
 
     def try_lock_paths(
         self,
@@ -108,6 +111,82 @@ class CustomerLocks:
             owner=owner,
         )
 
+    def lock_detached(
+        self,
+        *paths: str,
+        ttl: float,
+        shared: Iterable[str] = (),
+        timeout: float | None = None,
+        reason: str = "",
+        cancel: Cancel | None = None,
+    ) -> DetachedLease:
+        """Lock every path at once, as :meth:`lock_paths` does, for a
+        *detached* lease: one that outlives this call, this manager and this
+        process, such as a WebDAV client's lock, taken by one request and
+        refreshed and released by later ones, served by any worker.
+
+        The lease lasts ``ttl`` seconds (required: nobody renews it on its
+        own), by the database's clock, unless :meth:`renew_detached` extends
+        it or :meth:`release_detached` ends it first, both by its
+        ``lease_id``, from any manager of any process. No manager keeps it:
+        neither ``close()`` nor the process's exit releases it, nor a node's
+        clean-up (``cleanup_on_start``, :meth:`PathLockManager.release_node`);
+        once expired it blocks nobody, and the reaper deletes it.
+
+        It conflicts, queues and waits as every lease does. Each detached
+        lease is an owner of its own: it never counts as this caller's (in
+        :meth:`release_locks` or the deadlock rule), and two detached leases
+        on overlapping paths conflict even when one caller asks for both.
+        Returns a :class:`DetachedLease`; :class:`LockTimeout`,
+        :class:`DeadlockDetected` and ``cancel`` as for :meth:`lock_paths`.
+        """
+        return _granted(
+            self.manager._acquire_detached(
+                self.customer_id,
+                paths,
+                shared,
+                ttl=ttl,
+                timeout=timeout,
+                reason=reason,
+                blocking=True,
+                cancel=cancel,
+            )
+        )
+
+    def try_lock_detached(
+        self, *paths: str, ttl: float, shared: Iterable[str] = (), reason: str = ""
+    ) -> DetachedLease | None:
+        """One attempt at :meth:`lock_detached`: a :class:`DetachedLease`, or
+        ``None`` if anything conflicts."""
+        return self.manager._acquire_detached(
+            self.customer_id, paths, shared, ttl=ttl, timeout=0, reason=reason, blocking=False
+        )
+
+    def renew_detached(self, lease_id: str, *, ttl: float) -> LeaseInfo:
+        """Make the detached lease ``lease_id`` last ``ttl`` seconds from now,
+        by the database's clock (shorter or longer than before), and return it
+        as it is then. Atomic: an expired or released lease is never brought
+        back; it raises :class:`LeaseLost`, and its paths may be someone
+        else's already. A lease that a manager holds (not detached) raises
+        :class:`InvalidArgument`: its manager renews it."""
+        lease_id = validation.lease_id(lease_id)
+        return self.manager._renew_detached(self.customer_id, lease_id, validation.ttl(ttl))
+
+    def release_detached(self, lease_id: str) -> int:
+        """Release the detached lease ``lease_id``; return how many paths it
+        held (0 if it had expired or was released already). As every release,
+        it hands the paths to the next request in line. A lease that a
+        manager holds (not detached) raises :class:`InvalidArgument`."""
+        lease_id = validation.lease_id(lease_id)
+        return self.manager._release_detached(self.customer_id, lease_id)
+
+    def get_lease(self, lease_id: str) -> LeaseInfo | None:
+        """The lease ``lease_id`` of this customer as the database holds it
+        now, detached or not (one indexed read); ``None`` if it does not
+        exist or has expired."""
+        lease_id = validation.lease_id(lease_id)
+        return self.manager._lease_info(self.customer_id, lease_id)
+
     def release_locks(self, *, owner: str | None = None) -> int:
         """Release every lease that this owner holds for this customer through
         this manager; return the number of paths released. The owner is
@@ -124,6 +203,13 @@ class CustomerLocks:
 
     def __repr__(self) -> str:
         return f"<CustomerLocks customer_id={self.customer_id} {self.manager!r}>"
+
+
+def _granted(lease: T | None) -> T:
+    """What a blocking request returned: a lease (it returns one, or raises)."""
+    if lease is None:  # pragma: no cover - a blocking acquire returns or raises
+        raise AssertionError("blocking acquire returned no lease")
+    return lease
 
 
 def _check_on_lost(on_lost: object) -> None:

@@ -18,10 +18,10 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import URL, Connection, Engine, inspect
 from sqlalchemy.exc import SQLAlchemyError
@@ -50,6 +50,7 @@ from pathlock.errors import (
     ContentionTimeout,
     DeadlockDetected,
     InvalidArgument,
+    LeaseLost,
     LockTimeout,
     ManagerClosed,
     PathLockError,
@@ -60,7 +61,7 @@ from pathlock.paths import normalize_request
 from pathlock.schema import REVISION, REVISIONS, create_tables, metadata
 from pathlock.settings import Settings
 from pathlock.settings import checked as checked_settings
-from pathlock.types import LockInfo, Owner, WaiterInfo
+from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Owner, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
     from pathlock._aio import TaskHeartbeat
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +196,8 @@ class PathLockManager:
     - ``on_lost``: called with the :class:`Lease` when any lease of this manager
       is lost, on the manager's callback thread (see :data:`LostCallback`).
     - ``cleanup_on_start``: delete every lock and waiter row of ``node_id`` first:
-      what a crashed earlier run of this node left behind. It needs an explicit
+      what a crashed earlier run of this node left behind (but the detached
+      leases it granted: see :meth:`CustomerLocks.lock_detached`). It needs an explicit
       ``node_id`` that no other running process uses (one per process, stable
       across restarts, e.g. ``"web-1.worker-3"``); with the default node id,
       shared by every process of the host, it is refused.
@@ -649,7 +653,8 @@ class PathLockManager:
         """Delete every lock and waiter row of ``node_id``: clean-up after a
         node that died. Returns the number of paths released; logged as a
         WARNING naming ``requested_by``. Live holders on that node lose their
-        leases."""
+        leases. Detached leases that the node granted stay: no process of
+        the node holds them (see :meth:`CustomerLocks.lock_detached`)."""
         node_id = validation.node_id(node_id)
         who = _requester(requested_by)
         with self._call("release a node's locks"):
@@ -805,9 +810,13 @@ class PathLockManager:
             abandoned=self._abandoned_leases(),
         )
         callbacks = () if on_lost is None else (on_lost,)
+
+        def register(token: int, started: float, term: float | None) -> Lease:
+            return self._register(request, token, started, callbacks, term)
+
         try:
             return self._grant(
-                request, callbacks, blocking=blocking, wait_limit=wait_limit, cancel=event
+                request, register, blocking=blocking, wait_limit=wait_limit, cancel=event
             )
         except BaseException:
             # Raised after the lease was registered, on the way out of the
@@ -817,6 +826,114 @@ class PathLockManager:
             # next request fail as one that waits for itself.
             self._undelivered(request)
             raise
+
+    def _acquire_detached(
+        self,
+        customer_id: int,
+        exclusive: Iterable[str],
+        shared: Iterable[str],
+        *,
+        ttl: object,
+        timeout: object,
+        reason: object,
+        blocking: bool,
+        cancel: object = None,
+    ) -> DetachedLease | None:
+        """A request for a detached lease (see
+        :meth:`CustomerLocks.lock_detached`): granted as every request is,
+        then kept by nobody."""
+        paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
+        wait_limit = validation.timeout(timeout) if blocking else 0.0
+        event = validation.cancel(cancel)
+        lease_id = secrets.token_hex(16)
+        request = GrantRequest(
+            customer_id=customer_id,
+            lease_id=lease_id,
+            paths=paths,
+            # An owner of its own: it waits for nobody's locks as its own,
+            # and nobody waits for it as theirs.
+            owner=owners.detached(self.node_id, lease_id),
+            reason=validation.reason(reason),
+            ttl=validation.ttl(ttl),
+            abandoned=frozenset(),
+        )
+
+        granted: list[DetachedLease] = []
+
+        def detached(token: int, _started: float, _term: float | None) -> DetachedLease:
+            granted.append(
+                DetachedLease(customer_id, lease_id, paths, token, request.ttl, request.reason)
+            )
+            return granted[0]
+
+        try:
+            return self._grant(
+                request,
+                detached,
+                blocking=blocking,
+                wait_limit=wait_limit,
+                cancel=event,
+                take_up_later=False,
+            )
+        except BaseException:
+            # Raised on the way out of the call after the grant (see
+            # _acquire): nobody has the lease id, and nobody would release
+            # it before its ttl, hours maybe.
+            if granted:
+                self._resolve(customer_id, lease_id, request.ttl)
+            raise
+
+    def _lease_info(self, customer_id: int, lease_id: str) -> LeaseInfo | None:
+        """The live lease ``lease_id`` of ``customer_id``, if any (see
+        :meth:`CustomerLocks.get_lease`)."""
+        with self._call("look up a lease"):
+            rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
+        return _lease_info([row for row, live in rows if live])
+
+    def _renew_detached(self, customer_id: int, lease_id: str, ttl: float) -> LeaseInfo:
+        """Renew a detached lease (see :meth:`CustomerLocks.renew_detached`)."""
+        with self._call("renew a detached lease"):
+            started = time.monotonic()
+            rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
+            live = [row for row, alive in rows if alive]
+            if rows:
+                _check_detached(rows[0][0], "renewed")
+            if not live:
+                raise LeaseLost(lease_id, "it expired" if rows else "no such lease")
+            held, _ = self._store.renew([(customer_id, lease_id, len(live))], ttl)
+            self._events.renewed(
+                events.Renewed(
+                    len(held), 1 - len(held), time.monotonic() - started, background=False
+                )
+            )
+            if lease_id not in held:
+                raise LeaseLost(lease_id, "it expired or was released before it was renewed")
+            rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
+        renewed = _lease_info([row for row, live in rows if live])
+        if renewed is None:  # released right after its renewal
+            raise LeaseLost(lease_id, "it was released after it was renewed")
+        return renewed
+
+    def _release_detached(self, customer_id: int, lease_id: str) -> int:
+        """Release a detached lease (see :meth:`CustomerLocks.release_detached`)."""
+        with self._call("release a detached lease"):
+            rows, database_now = self._upkeep.lease_rows(customer_id, lease_id)
+            if not rows:
+                return 0
+            first = rows[0][0]
+            _check_detached(first, "released")
+            paths = tuple((row.path, row.mode) for row, _ in rows)
+            try:
+                deleted = self._store.release(customer_id, lease_id, paths=paths)
+            finally:
+                self._wakeups.notify(customer_id)
+        live = sum(1 for _, alive in rows if alive)
+        if deleted == 0 or not live:
+            return 0  # released meanwhile by another call, or expired
+        assert database_now is not None  # noqa: S101 - read with the rows
+        held = (database_now - first.created_at).total_seconds()
+        self._events.released(events.Released(customer_id, lease_id, paths, max(0.0, held)))
+        return live
 
     def _undelivered(self, request: GrantRequest) -> None:
         """``request`` ended with an exception: if its lease is registered,
@@ -829,14 +946,21 @@ class PathLockManager:
     def _grant(
         self,
         request: GrantRequest,
-        callbacks: tuple[LostCallback, ...],
+        deliver: Callable[[int, float, float | None], T],
         *,
         blocking: bool,
         wait_limit: float | None,
         cancel: Cancel | None,
-    ) -> Lease | None:
-        """Carry out ``request`` (see :meth:`_acquire`): its lease,
-        registered, or ``None`` for a try-lock that was denied."""
+        take_up_later: bool | None = None,
+    ) -> T | None:
+        """Carry out ``request`` (see :meth:`_acquire`): what ``deliver``
+        makes of its grant (its fencing token, when its granting attempt
+        started and how long its rows last from then if not its ttl: see
+        :func:`pathlock._acquire.acquire`), or ``None`` for a try-lock that
+        was denied. Paths handed to it are taken up by the lease's first
+        renewal where the manager renews leases, unless ``take_up_later`` is
+        false; else before this returns. Whatever raises after the grant,
+        ``deliver`` included, leaves nothing of it."""
         called = time.monotonic()
         # The request's limit, to tell afterwards whether any of its attempts
         # got as far as a connection: if none did, nothing can have been
@@ -859,14 +983,14 @@ class PathLockManager:
                     closed=lambda: self._closed,
                     cancel=cancel,
                     left_behind=self._leave_later,
-                    take_up_later=self._renews,
+                    take_up_later=self._renews if take_up_later is None else take_up_later,
                     limits=scope,
                 )
                 if granted is None:
                     self._events.timed_out(self._denied(request, called))
                     return None
                 token, started, term = granted
-                lease = self._register(request, token, started, callbacks, term)
+                lease = deliver(token, started, term)
                 # In the try: an interrupt in a hook must not leave the lease
                 # registered and unknown to the caller.
                 self._events.granted(
@@ -1266,3 +1390,29 @@ class _Calls:
                 self._condition.wait_for(lambda: not self._running, timeout)
             finally:
                 self._waiting -= 1
+
+
+def _lease_info(rows: Sequence[LockInfo]) -> LeaseInfo | None:
+    """The lease whose rows are ``rows`` (``None``: none)."""
+    if not rows:
+        return None
+    first = rows[0]
+    return LeaseInfo(
+        customer_id=first.customer_id,
+        lease_id=first.lease_id,
+        paths=tuple((row.path, row.mode) for row in rows),
+        fencing_token=first.fencing_token,
+        owner=first.owner,
+        reason=first.reason,
+        created_at=first.created_at,
+        expires_at=min(row.expires_at for row in rows),
+    )
+
+
+def _check_detached(row: LockInfo, done: str) -> None:
+    """Refuse to renew or release by its id a lease that a manager holds."""
+    if not row.owner.detached:
+        raise InvalidArgument(
+            f"lease {row.lease_id} is not detached, and is {done} only by the manager that"
+            " holds it (an operator may release it: PathLockManager.release_lease)"
+        )

@@ -86,7 +86,20 @@ class Owner(NamedTuple):
         return self.key or f"{self.node_id}\0{self.pid}\0{self.thread}"
 
     def __str__(self) -> str:
-        return f"{self.node_id} pid {self.pid} thread {self.thread}"
+        granted_by = f"{self.node_id} pid {self.pid} thread {self.thread}"
+        return f"a detached lease from {granted_by}" if self.detached else granted_by
+
+    @property
+    def detached(self) -> bool:
+        """Whether this is the owner of a detached lease (see
+        :meth:`CustomerLocks.lock_detached`): nobody's but the lease's own."""
+        return self.key.startswith(DETACHED)
+
+
+DETACHED = "detached."
+"""The start of a detached lease's owner key, which is this and its lease id:
+each detached lease is an owner of its own, held by no manager, thread or
+task (see :meth:`CustomerLocks.lock_detached`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +126,53 @@ class LockInfo:
         if self.reason:
             text += f" for {self.reason!r}"
         return text
+
+
+@dataclass(frozen=True, slots=True)
+class DetachedLease:
+    """A detached lease, as its grant returns it (see
+    :meth:`CustomerLocks.lock_detached`): its paths stay locked until
+    ``ttl`` seconds after the grant, by the database's clock, unless it is
+    renewed or released by its ``lease_id``, from any manager of any process.
+    No manager keeps it, renews it or releases it on its own."""
+
+    customer_id: int
+    lease_id: str
+    paths: tuple[PathMode, ...]
+    fencing_token: int
+    """Strictly increasing per customer over grants, as for every lease."""
+    ttl: float
+    """Seconds it lasts from its grant unless renewed."""
+    reason: str
+
+    def describe_paths(self) -> str:
+        """The lease's paths and modes, for messages."""
+        return describe_paths(self.paths)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A lease as the database holds it now (see
+    :meth:`CustomerLocks.get_lease`): its rows, read together. Times are the
+    database's clock, in UTC."""
+
+    customer_id: int
+    lease_id: str
+    paths: tuple[PathMode, ...]
+    fencing_token: int
+    owner: Owner
+    reason: str
+    created_at: datetime
+    expires_at: datetime
+
+    @property
+    def detached(self) -> bool:
+        """Whether it is a detached lease (:meth:`CustomerLocks.lock_detached`)."""
+        return self.owner.detached
+
+    def describe_paths(self) -> str:
+        """The lease's paths and modes, for messages."""
+        return describe_paths(self.paths)
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,6 +211,7 @@ def as_json(rows: Sequence[Entry], now: datetime) -> str:
                     "node_id": entry.owner.node_id,
                     "pid": entry.owner.pid,
                     "thread": entry.owner.thread,
+                    "detached": entry.owner.detached,
                 },
                 "reason": entry.reason,
                 "fencing_token": entry.fencing_token,

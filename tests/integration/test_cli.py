@@ -490,6 +490,25 @@ def test_a_lease_lost_while_pathlock_was_stopped_says_its_renewal_never_ran(
 # -- ls --------------------------------------------------------------------------------
 
 
+def test_ls_shows_detached_leases_as_such(
+    database_url: str, customer_id: int, locks: CustomerLocks
+) -> None:
+    lease = locks.lock_detached("/dav/a", ttl=60, reason="LOCK")
+    try:
+        table = pathlock("ls", "--database-url", database_url, "--customer", str(customer_id))
+        listed = pathlock(
+            "ls", "--database-url", database_url, "--customer", str(customer_id), "--json"
+        )
+    finally:
+        locks.release_detached(lease.lease_id)
+    assert table.returncode == 0, table.stderr
+    (line,) = [line for line in table.stdout.splitlines() if lease.lease_id in line]
+    assert f"a detached lease from {locks.manager.node_id} pid {os.getpid()}" in line
+    (entry,) = json.loads(listed.stdout)
+    assert entry["owner"]["detached"] is True
+    assert entry["lease_id"] == lease.lease_id
+
+
 def test_ls_json_shows_each_held_path_with_its_lease(
     database_url: str, customer_id: int, locks: CustomerLocks
 ) -> None:
@@ -512,6 +531,7 @@ def test_ls_json_shows_each_held_path_with_its_lease(
             "node_id": "test-node",
             "pid": os.getpid(),
             "thread": lease.owner.thread,
+            "detached": False,
         }
         assert entry["reason"] == "for ls"
         created = datetime.fromisoformat(entry["created_at"])

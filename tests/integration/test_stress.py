@@ -7,7 +7,9 @@ Every worker process records each grant it gets as a hold interval measured with
 is called. The recorded interval lies inside the real one (grant commit to
 release commit), so two recorded intervals that overlap prove a double grant.
 The checker knows nothing of pathlock's own conflict logic: it has its own
-definition of overlapping paths and conflicting modes.
+definition of overlapping paths and conflicting modes. Some of the tree test's
+grants are detached leases, renewed and released by their id through a second
+manager of the worker.
 
 Workers are started with the "spawn" start method and build their own
 PathLockManager inside the child: nothing (engines, connections) crosses a fork.
@@ -44,7 +46,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from pathlock import CustomerLocks, Lease, LockTimeout, PathLockManager
+from pathlock import CustomerLocks, DetachedLease, Lease, LockTimeout, PathLockManager
 
 WORKERS = int(os.environ.get("PATHLOCK_STRESS_WORKERS", "8"))
 TREE_OPS = int(os.environ.get("PATHLOCK_STRESS_OPS", "250"))
@@ -70,6 +72,9 @@ TREE = (
     "/x/y",
     "/x/y/z",
 )
+# Operations of the tree test that take a detached lease (released by its id
+# through another manager of the worker) instead of an ordinary one.
+DETACHED_SHARE = 0.15
 COUNTER_PATH = "/counter"
 START_TIMEOUT = 120.0  # seconds for every spawned worker to import and connect
 JOIN_TIMEOUT = 420.0  # seconds for the workers to finish, within the test's timeout
@@ -393,7 +398,7 @@ def _hold_briefly(rng: random.Random) -> None:
 
 
 def hold_record(
-    lease: Lease,
+    lease: Lease | DetachedLease,
     worker: int,
     t_start: float,
     t_end: float,
@@ -409,6 +414,44 @@ def hold_record(
         "token": lease.fencing_token,
         "paths": [[path, "exclusive"] for path in exclusive]
         + [[path, "shared"] for path in shared],
+    }
+
+
+def _detached_operation(
+    locks: CustomerLocks, other: CustomerLocks, rng: random.Random, index: int, stats: Counter[str]
+) -> dict[str, Any] | None:
+    """A detached lease taken through ``locks`` and renewed and released by
+    its id through ``other``, another manager."""
+    exclusive, shared = _random_request(rng)
+    lease: DetachedLease | None
+    if rng.random() < 0.3:
+        try:
+            lease = locks.lock_detached(
+                *exclusive, shared=shared, ttl=60, timeout=rng.uniform(5, 20)
+            )
+        except LockTimeout:
+            stats["timeouts"] += 1
+            return None
+    else:
+        lease = locks.try_lock_detached(*exclusive, shared=shared, ttl=60)
+        if lease is None:
+            stats["try_none"] += 1
+            return None
+    t_start = time.monotonic()
+    if rng.random() < 0.3:
+        other.renew_detached(lease.lease_id, ttl=60)
+    _hold_briefly(rng)
+    t_end = time.monotonic()
+    if other.release_detached(lease.lease_id) != len(lease.paths):
+        raise AssertionError(f"{lease!r} was not held until its release")
+    stats["grants"] += 1
+    stats["detached"] += 1
+    return {
+        **hold_record(lease, index, t_start, t_end, exclusive, shared),
+        "held": [list(pair) for pair in lease.paths],
+        "expected": _effective(
+            [(p, "exclusive") for p in exclusive] + [(p, "shared") for p in shared]
+        ),
     }
 
 
@@ -461,12 +504,17 @@ def tree_worker(spec: WorkerSpec, barrier: Barrier) -> None:
         rng = random.Random(spec.seed * 1000 + spec.index)
         stats: Counter[str] = Counter()
         records = []
-        with _manager(spec) as manager:
+        with _manager(spec) as manager, _manager(spec) as second:
             locks = manager.for_customer(spec.customer_id)
+            other = second.for_customer(spec.customer_id)
             locks.list_locks()  # connect before the start line
+            other.list_locks()
             barrier.wait(START_TIMEOUT)
             for _ in range(spec.operations):
-                record = _one_operation(locks, rng, spec.index, stats)
+                if rng.random() < DETACHED_SHARE:
+                    record = _detached_operation(locks, other, rng, spec.index, stats)
+                else:
+                    record = _one_operation(locks, rng, spec.index, stats)
                 if record is not None:
                     records.append(record)
         _write_results(spec, records, stats)
@@ -515,6 +563,7 @@ def test_no_conflicting_holds_overlap(
     # operations are granted, and a quarter at least), and real contention.
     assert len(records) >= min(1000, WORKERS * tree_ops // 4)
     assert totals["try_none"] + totals["blocking_waited"] + totals["timeouts"] > 0
+    assert totals["detached"] > 0
     if tree_ops >= 100:  # tiny runs may by chance never wait
         assert totals["try_none"] > 0
         assert totals["blocking_waited"] > 0
