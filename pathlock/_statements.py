@@ -1212,6 +1212,29 @@ LEASE_ROWS = (
     .order_by(path_locks.c.path)
 )
 
+
+@functools.lru_cache(maxsize=8)
+def locks_on(*, descendants: bool, include_expired: bool) -> Select[Any]:
+    """Rows of the customer ``c_id`` on the paths ``on_paths`` (a path, and
+    its ancestors if asked for), and with ``descendants`` on the paths from
+    ``below_low`` up to ``below_high`` (see :func:`descendants_range`): the
+    (customer, path) index, by path."""
+    where: list[ColumnElement[bool]] = [
+        path_locks.c.path.in_(bindparam("on_paths", expanding=True))
+    ]
+    if descendants:
+        where.append(
+            and_(
+                path_locks.c.path >= bindparam("below_low"),
+                path_locks.c.path < bindparam("below_high"),
+            )
+        )
+    query = select(*LOCK_COLUMNS).where(path_locks.c.customer_id == bindparam("c_id"), or_(*where))
+    if not include_expired:
+        query = query.where(path_locks.c.expires_at > now())
+    return query.order_by(path_locks.c.path, path_locks.c.lease_id)
+
+
 # Operator clean-up.
 LEASE_CUSTOMER = (
     select(path_locks.c.customer_id).where(path_locks.c.lease_id == bindparam("l_id")).limit(1)

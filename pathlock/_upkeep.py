@@ -29,9 +29,12 @@ from pathlock._statements import (
     WAITER_COLUMNS,
     WAITERS_REMOVED,
     counted_down,
+    locks_on,
     now,
 )
 from pathlock._transactions import Transactions, delete_counted
+from pathlock.paths import ancestors as ancestors_of
+from pathlock.paths import descendants_range
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks, version_table
 from pathlock.types import LockInfo, WaiterInfo
 
@@ -77,6 +80,33 @@ class Upkeep:
             return found, as_utc(rows[0].database_now) if rows else None
 
         return self._tx.run("looking up a lease", attempt, read_only=True, customer_id=customer_id)
+
+    def locks_on(
+        self,
+        customer_id: int,
+        path: str,
+        *,
+        ancestors: bool,
+        descendants: bool,
+        include_expired: bool,
+    ) -> list[LockInfo]:
+        """Rows of ``customer_id`` on the normalized ``path``, on its
+        ``ancestors`` and on its ``descendants`` (as asked), by path: one
+        indexed read."""
+        parameters: dict[str, Any] = {
+            "c_id": customer_id,
+            "on_paths": [*ancestors_of(path), path] if ancestors else [path],
+        }
+        if descendants:
+            parameters["below_low"], parameters["below_high"] = descendants_range(path)
+        query = locks_on(descendants=descendants, include_expired=include_expired)
+
+        def attempt(connection: Connection, _number: int) -> list[LockInfo]:
+            rows = connection.execute(query, parameters).all()
+            connection.rollback()
+            return [lock_info(row) for row in rows]
+
+        return self._tx.run("looking up locks", attempt, read_only=True, customer_id=customer_id)
 
     def database_time(self) -> datetime:
         """The database's clock, in UTC: the clock every expiry is judged by."""

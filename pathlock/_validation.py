@@ -161,6 +161,13 @@ def cancel(value: object) -> Cancel | None:
     return value  # type: ignore[return-value]
 
 
+def flag(name: str, value: object) -> bool:
+    """A yes or no: a bool, nothing that merely converts to one."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def positive_int(name: str, value: object) -> int:
     """A count from 1 to 2**63 - 1 (batch sizes, attempts)."""
     if isinstance(value, bool) or not isinstance(value, int):

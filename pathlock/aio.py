@@ -562,6 +562,26 @@ class AsyncCustomerLocks:
         manager = self.manager
         return await manager._call(manager._core._lease_info, self.customer_id, lease_id)
 
+    async def locks_on(
+        self,
+        path: str,
+        *,
+        ancestors: bool = True,
+        descendants: bool = False,
+        include_expired: bool = False,
+    ) -> list[LockInfo]:
+        """The locks on ``path``, its ancestors and its descendants, as asked
+        (see :meth:`CustomerLocks.locks_on`)."""
+        manager = self.manager
+        return await manager._call(
+            manager._core._locks_on,
+            self.customer_id,
+            path,
+            ancestors=ancestors,
+            descendants=descendants,
+            include_expired=include_expired,
+        )
+
     async def release_locks(self, *, owner: str | None = None) -> int:
         """Release every lease this owner (the calling task, unless ``owner``
         names one) holds for this customer through this manager; the number

@@ -187,6 +187,29 @@ class CustomerLocks:
         lease_id = validation.lease_id(lease_id)
         return self.manager._lease_info(self.customer_id, lease_id)
 
+    def locks_on(
+        self,
+        path: str,
+        *,
+        ancestors: bool = True,
+        descendants: bool = False,
+        include_expired: bool = False,
+    ) -> list[LockInfo]:
+        """The locks of this customer on ``path`` (any lease, any owner), by
+        path: those on the path itself; with ``ancestors`` (the default) also
+        those on its ancestors, which cover it; with ``descendants`` also
+        those on every path below it. A lock conflicts with a request for
+        ``path`` if it is among all three and either of them is exclusive.
+        One indexed query, however many locks the customer has; expired
+        rows the reaper has not deleted yet only with ``include_expired``."""
+        return self.manager._locks_on(
+            self.customer_id,
+            path,
+            ancestors=ancestors,
+            descendants=descendants,
+            include_expired=include_expired,
+        )
+
     def release_locks(self, *, owner: str | None = None) -> int:
         """Release every lease that this owner holds for this customer through
         this manager; return the number of paths released. The owner is

@@ -57,7 +57,7 @@ from pathlock.errors import (
     SchemaMismatch,
 )
 from pathlock.lease import Lease, LostCallback
-from pathlock.paths import normalize_request
+from pathlock.paths import normalize, normalize_request
 from pathlock.schema import REVISION, REVISIONS, create_tables, metadata
 from pathlock.settings import Settings
 from pathlock.settings import checked as checked_settings
@@ -104,8 +104,7 @@ def _check_flags(
         ("heartbeat", heartbeat),
         ("affinity", affinity),
     ):
-        if not isinstance(flag, bool):
-            raise ArgumentTypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        validation.flag(name, flag)
     if cleanup_on_start and node_id is None:
         # The default (the host name) is shared by every process on the
         # host: cleaning up after it would delete the live locks of the
@@ -889,6 +888,28 @@ class PathLockManager:
         with self._call("look up a lease"):
             rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
         return _lease_info([row for row, live in rows if live])
+
+    def _locks_on(
+        self,
+        customer_id: int,
+        path: object,
+        *,
+        ancestors: object,
+        descendants: object,
+        include_expired: object,
+    ) -> list[LockInfo]:
+        """See :meth:`CustomerLocks.locks_on`."""
+        normalized = normalize(path, case_insensitive=self.case_insensitive)
+        flags = {
+            name: validation.flag(name, value)
+            for name, value in (
+                ("ancestors", ancestors),
+                ("descendants", descendants),
+                ("include_expired", include_expired),
+            )
+        }
+        with self._call("look up locks"):
+            return self._upkeep.locks_on(customer_id, normalized, **flags)
 
     def _renew_detached(self, customer_id: int, lease_id: str, ttl: float) -> LeaseInfo:
         """Renew a detached lease (see :meth:`CustomerLocks.renew_detached`)."""
