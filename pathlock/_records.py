@@ -31,6 +31,8 @@ class GrantRequest:
     # Leases of this owner whose release failed: their rows block until they
     # expire, which is a wait, not a request waiting for itself.
     abandoned: frozenset[str] = frozenset()
+    # The lease's data as stored (see lease_data()), or None.
+    data: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,34 @@ def waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
     )
 
 
+_BYTES, _TEXT = b"\x00", b"\x01"  # what a lease's stored data was given as
+
+
+def lease_data(value: bytes | str | None) -> bytes | None:
+    """A lease's data as the tables keep it: a byte that says whether it was
+    given as bytes or as text, then its bytes (text in UTF-8)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _TEXT + value.encode()
+    return _BYTES + bytes(value)
+
+
+def given_data(stored: bytes | None) -> bytes | str | None:
+    """The data of a lease as it was given (see :func:`lease_data`); data
+    that pathlock did not write comes back as it is stored."""
+    if stored is None:
+        return None
+    stored = bytes(stored)
+    kind, value = stored[:1], stored[1:]
+    if kind == _TEXT:
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return stored
+    return value if kind == _BYTES else stored
+
+
 def grant_parameters(request: GrantRequest) -> dict[str, Any]:
     parameters = conflict_parameters(request.paths)
     for n, (path, mode) in enumerate(request.paths):
@@ -178,6 +208,7 @@ def grant_parameters(request: GrantRequest) -> dict[str, Any]:
         o_key=request.owner.key,
         why=request.reason,
         ttl_us=round(request.ttl * 1_000_000),
+        l_data=request.data,
     )
     return parameters
 
@@ -195,6 +226,7 @@ def lean_parameters(request: GrantRequest) -> dict[str, Any]:
         "why": request.reason,
         "ttl_us": round(request.ttl * 1_000_000),
         "rows": len(request.paths),
+        "l_data": request.data,
     }
     for n, (path, mode) in enumerate(request.paths):
         parameters[f"rq_path_{n}"] = path
@@ -218,4 +250,5 @@ def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any
         # How long paths a release hands to the request last until it takes
         # them up: no longer than its queue row would, nor than its lease.
         "w_hand_over_us": round(min(waiter_ttl, request.ttl) * 1_000_000),
+        "l_data": request.data,
     }

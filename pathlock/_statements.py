@@ -31,6 +31,7 @@ from sqlalchemy import (
     Integer,
     Join,
     Label,
+    LargeBinary,
     Select,
     String,
     Subquery,
@@ -523,7 +524,22 @@ _GRANTED_COLUMNS = (
     "fencing_token",
     "created_at",
     "expires_at",
+    "data",
 )
+# The lease's data (pathlock._records.lease_data; NULL: none), given by the
+# request, or copied from its queue row by a release that hands it its paths.
+_DATA = bindparam("l_data", type_=LargeBinary)
+_WAITER_DATA = (
+    select(path_lock_waiters.c.data)
+    .where(path_lock_waiters.c.ticket == bindparam("w_ticket", type_=BigInteger))
+    .scalar_subquery()
+)
+
+
+def _on_first_path(requested: Subquery, data: Any) -> Any:
+    """``data`` on the row of a request's first path, NULL on the others:
+    kept once per lease."""
+    return case((requested.c.k == 0, data), else_=null())
 
 
 @functools.lru_cache(maxsize=256)
@@ -573,6 +589,9 @@ def grant_statement(
     holding its lock (two such grants, each blind to the other's rows, took
     one path). ROW_COUNT() at -1 (see :func:`_rows_granted`) inserts nothing
     either."""
+    # The lease's data: the request's own, or for a release that hands the
+    # request its paths, the one on its queue row (never through the client).
+    data: Any = _WAITER_DATA if handed else _DATA
     if form.paths == 1:
         source: Any = customer_locks
         path: Any = bindparam("rq_path_0", type_=String)
@@ -581,6 +600,7 @@ def grant_statement(
         requested = _requested(form.paths, "requested")
         source = requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
         path, mode = requested.c.path, requested.c.mode
+        data = _on_first_path(requested, data)
     values = (
         select(
             bindparam("c_id", type_=BigInteger),
@@ -600,6 +620,7 @@ def grant_statement(
             customer_locks.c.version + 1 if sentinel_after else customer_locks.c.version,
             now(),
             now_plus(bindparam("ttl_us", type_=BigInteger)),
+            data,
         )
         .select_from(source)
         .where(
@@ -852,6 +873,7 @@ def lean_grant(count: int) -> Insert:
     """The rows of a request of ``count`` paths, inserted only if the
     statement before (:data:`LEAN_CLAIM`) wrote the sentinel; the fencing
     token is the version it wrote (``LAST_INSERT_ID()``)."""
+    data: Any = _DATA
     if count == 1:
         source: Any = None
         path: Any = bindparam("rq_path_0", type_=String)
@@ -859,6 +881,7 @@ def lean_grant(count: int) -> Insert:
     else:
         requested = _requested(count, "requested")
         source, path, mode = requested, requested.c.path, requested.c.mode
+        data = _on_first_path(requested, data)
     values = select(
         bindparam("c_id", type_=BigInteger),
         bindparam("l_id", type_=String),
@@ -872,6 +895,7 @@ def lean_grant(count: int) -> Insert:
         func.last_insert_id(),
         now(),
         now_plus(bindparam("ttl_us", type_=BigInteger)),
+        data,
     ).where(Changed() > literal_column("0"))
     if source is not None:
         values = values.select_from(source)
@@ -1058,6 +1082,7 @@ ENQUEUE = insert(path_lock_waiters).values(
     created_at=now(),
     expires_at=now_plus(bindparam("w_ttl_us", type_=BigInteger)),
     hand_over_us=bindparam("w_hand_over_us", type_=BigInteger),
+    data=_DATA,
 )
 
 
@@ -1087,6 +1112,7 @@ def enqueue_if_blocked(form: Shape) -> Insert:
         now(),
         now_plus(bindparam("w_ttl_us", type_=BigInteger)),
         bindparam("w_hand_over_us", type_=BigInteger),
+        _DATA,
     ).where(
         customer_locks.c.customer_id == bindparam("c_id"),
         func.row_count() == literal_column("0"),
@@ -1106,6 +1132,7 @@ def enqueue_if_blocked(form: Shape) -> Insert:
         "created_at",
         "expires_at",
         "hand_over_us",
+        "data",
     ]
     return insert(path_lock_waiters).from_select(columns, values)
 
@@ -1204,6 +1231,7 @@ LEASE_ROWS = (
         *LOCK_COLUMNS,
         (path_locks.c.expires_at > now()).label("live"),
         now().label("database_now"),
+        path_locks.c.data,
     )
     .where(
         path_locks.c.customer_id == bindparam("c_id"),

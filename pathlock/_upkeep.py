@@ -6,13 +6,14 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Delete, Select, select
 from sqlalchemy.exc import DBAPIError
 
-from pathlock._records import as_utc, lock_info, waiter_info
+from pathlock._records import as_utc, given_data, lock_info, waiter_info
 from pathlock._statements import (
     HOLD_SENTINELS,
     LEASE_CUSTOMER,
@@ -39,6 +40,18 @@ from pathlock.schema import customer_locks, path_lock_waiters, path_locks, versi
 from pathlock.types import LockInfo, WaiterInfo
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRows:
+    """The rows of one lease, as :meth:`Upkeep.lease_rows` read them."""
+
+    rows: list[tuple[LockInfo, bool]]
+    """By path, each with whether it is live."""
+    database_now: datetime | None
+    """The database's time (``None`` without rows)."""
+    data: bytes | str | None
+    """The lease's data, as given."""
+
+
 class Upkeep:
     """Listings, operators' releases and the reaper, run through
     ``transactions`` (the same nodes, retries and settings as the grants)."""
@@ -63,21 +76,19 @@ class Upkeep:
 
         return self._tx.run("listing locks", attempt, read_only=True, customer_id=customer_id)
 
-    def lease_rows(
-        self, customer_id: int, lease_id: str
-    ) -> tuple[list[tuple[LockInfo, bool]], datetime | None]:
-        """The rows of one lease of ``customer_id``, by path, each with
-        whether it is live, and the database's time (``None`` without rows):
-        one indexed read."""
+    def lease_rows(self, customer_id: int, lease_id: str) -> LeaseRows:
+        """The rows of one lease of ``customer_id``: one indexed read."""
         parameters = {"c_id": customer_id, "l_id": lease_id}
 
-        def attempt(
-            connection: Connection, _number: int
-        ) -> tuple[list[tuple[LockInfo, bool]], datetime | None]:
+        def attempt(connection: Connection, _number: int) -> LeaseRows:
             rows = connection.execute(LEASE_ROWS, parameters).all()
             connection.rollback()
-            found = [(lock_info(row), bool(row.live)) for row in rows]
-            return found, as_utc(rows[0].database_now) if rows else None
+            stored = next((row.data for row in rows if row.data is not None), None)
+            return LeaseRows(
+                [(lock_info(row), bool(row.live)) for row in rows],
+                as_utc(rows[0].database_now) if rows else None,
+                given_data(stored),
+            )
 
         return self._tx.run("looking up a lease", attempt, read_only=True, customer_id=customer_id)
 

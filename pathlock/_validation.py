@@ -25,6 +25,8 @@ MIN_TTL = 0.001  # DATETIME(6) resolves microseconds; below a millisecond is noi
 # A job period beyond a year is a mistake, and a few thousand years overflow
 # the datetime arithmetic of the scheduler that runs it.
 MAX_INTERVAL = MAX_TTL
+MAX_DATA = 64 * 1024
+"""The most bytes of data a lease may carry (text: in UTF-8)."""
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -159,6 +161,26 @@ def cancel(value: object) -> Cancel | None:
             f"cancel must be a threading.Event (or have is_set()), got {type(value).__name__}"
         )
     return value  # type: ignore[return-value]
+
+
+def data(value: object) -> bytes | str | None:
+    """A lease's data: bytes (or a bytearray, memoryview: kept as bytes) or
+    text, up to :data:`MAX_DATA` bytes; ``None`` for none."""
+    if value is None or isinstance(value, str | bytes):
+        given = value
+    elif isinstance(value, bytearray | memoryview):
+        given = bytes(value)
+    else:
+        raise ArgumentTypeError(f"data must be bytes or a str, got {type(value).__name__}")
+    if isinstance(given, str):
+        if _SURROGATE.search(given):
+            raise InvalidArgument("data must be text without lone surrogates (not UTF-8)")
+        size = len(given.encode())
+    else:
+        size = 0 if given is None else len(given)
+    if size > MAX_DATA:
+        raise InvalidArgument(f"data must be at most {MAX_DATA} bytes, got {size}")
+    return given
 
 
 def flag(name: str, value: object) -> bool:

@@ -475,6 +475,7 @@ class AsyncCustomerLocks:
         ttl: float | None = None,
         on_lost: AsyncLostCallback | None = None,
         owner: str | None = None,
+        data: bytes | str | None = None,
     ) -> LockRequest:
         """Lock every path at once, all or nothing, waiting while any conflicts
         (see :meth:`CustomerLocks.lock_paths`): ``await`` it for the
@@ -490,6 +491,7 @@ class AsyncCustomerLocks:
             "on_lost": on_lost,
             "owner": owner,
             "blocking": True,
+            "data": data,
         }
         return LockRequest(self.manager._request(self.customer_id, paths, options))
 
@@ -501,6 +503,7 @@ class AsyncCustomerLocks:
         ttl: float | None = None,
         on_lost: AsyncLostCallback | None = None,
         owner: str | None = None,
+        data: bytes | str | None = None,
     ) -> AsyncLease | None:
         """One attempt: an :class:`AsyncLease`, or ``None`` if anything conflicts."""
         options = {
@@ -511,6 +514,7 @@ class AsyncCustomerLocks:
             "on_lost": on_lost,
             "owner": owner,
             "blocking": False,
+            "data": data,
         }
         return await self.manager._request(self.customer_id, paths, options)
 
@@ -521,22 +525,34 @@ class AsyncCustomerLocks:
         shared: Iterable[str] = (),
         timeout: float | None = None,
         reason: str = "",
+        data: bytes | str | None = None,
     ) -> DetachedLease:
         """Lock every path at once for a detached lease (see
         :meth:`CustomerLocks.lock_detached`): one that outlives this task, this
         manager and this process, renewed and released by its lease id. A
         cancellation while it waits leaves nothing held."""
-        options = {"shared": shared, "ttl": ttl, "timeout": timeout, "reason": reason}
+        options = {
+            "shared": shared,
+            "ttl": ttl,
+            "timeout": timeout,
+            "reason": reason,
+            "data": data,
+        }
         lease = await self.manager._detached(self.customer_id, paths, options | {"blocking": True})
         if lease is None:  # pragma: no cover - a blocking acquire returns or raises
             raise AssertionError("blocking acquire returned no lease")
         return lease
 
     async def try_lock_detached(
-        self, *paths: str, ttl: float, shared: Iterable[str] = (), reason: str = ""
+        self,
+        *paths: str,
+        ttl: float,
+        shared: Iterable[str] = (),
+        reason: str = "",
+        data: bytes | str | None = None,
     ) -> DetachedLease | None:
         """One attempt at :meth:`lock_detached`; ``None`` if anything conflicts."""
-        options = {"shared": shared, "ttl": ttl, "timeout": 0, "reason": reason}
+        options = {"shared": shared, "ttl": ttl, "timeout": 0, "reason": reason, "data": data}
         return await self.manager._detached(self.customer_id, paths, options | {"blocking": False})
 
     async def renew_detached(self, lease_id: str, *, ttl: float) -> LeaseInfo:

@@ -35,6 +35,7 @@ class CustomerLocks:
         on_lost: LostCallback | None = None,
         owner: str | None = None,
         cancel: Cancel | None = None,
+        data: bytes | str | None = None,
     ) -> Lease:
         """Lock every path at once, all or nothing, waiting while any conflicts.
 
@@ -70,6 +71,11 @@ class CustomerLocks:
         lets another thread end the wait without a signal: once it is set, the
         request raises :class:`LockCancelled` within 50 ms (an attempt under
         way finishes first), leaves the queue, and holds nothing.
+
+        ``data`` (bytes or text, up to 64 KiB) goes with the lease, granted
+        with it in one transaction, and comes back, as given, from
+        :meth:`get_lease` in any process (a WebDAV lock's owner and timeout,
+        say).
         """
         _check_on_lost(on_lost)
         return _granted(
@@ -84,6 +90,7 @@ class CustomerLocks:
                 on_lost=on_lost,
                 owner=owner,
                 cancel=cancel,
+                data=data,
             )
         )
 
@@ -95,9 +102,10 @@ class CustomerLocks:
         ttl: float | None = None,
         on_lost: LostCallback | None = None,
         owner: str | None = None,
+        data: bytes | str | None = None,
     ) -> Lease | None:
         """One attempt: a :class:`Lease`, or ``None`` if anything conflicts
-        (``owner`` as for :meth:`lock_paths`)."""
+        (``owner`` and ``data`` as for :meth:`lock_paths`)."""
         _check_on_lost(on_lost)
         return self.manager._acquire(
             self.customer_id,
@@ -109,6 +117,7 @@ class CustomerLocks:
             blocking=False,
             on_lost=on_lost,
             owner=owner,
+            data=data,
         )
 
     def lock_detached(
@@ -119,6 +128,7 @@ class CustomerLocks:
         timeout: float | None = None,
         reason: str = "",
         cancel: Cancel | None = None,
+        data: bytes | str | None = None,
     ) -> DetachedLease:
         """Lock every path at once, as :meth:`lock_paths` does, for a
         *detached* lease: one that outlives this call, this manager and this
@@ -138,7 +148,8 @@ class CustomerLocks:
         :meth:`release_locks` or the deadlock rule), and two detached leases
         on overlapping paths conflict even when one caller asks for both.
         Returns a :class:`DetachedLease`; :class:`LockTimeout`,
-        :class:`DeadlockDetected` and ``cancel`` as for :meth:`lock_paths`.
+        :class:`DeadlockDetected`, ``cancel`` and ``data`` as for
+        :meth:`lock_paths`.
         """
         return _granted(
             self.manager._acquire_detached(
@@ -150,16 +161,29 @@ class CustomerLocks:
                 reason=reason,
                 blocking=True,
                 cancel=cancel,
+                data=data,
             )
         )
 
     def try_lock_detached(
-        self, *paths: str, ttl: float, shared: Iterable[str] = (), reason: str = ""
+        self,
+        *paths: str,
+        ttl: float,
+        shared: Iterable[str] = (),
+        reason: str = "",
+        data: bytes | str | None = None,
     ) -> DetachedLease | None:
         """One attempt at :meth:`lock_detached`: a :class:`DetachedLease`, or
         ``None`` if anything conflicts."""
         return self.manager._acquire_detached(
-            self.customer_id, paths, shared, ttl=ttl, timeout=0, reason=reason, blocking=False
+            self.customer_id,
+            paths,
+            shared,
+            ttl=ttl,
+            timeout=0,
+            reason=reason,
+            blocking=False,
+            data=data,
         )
 
     def renew_detached(self, lease_id: str, *, ttl: float) -> LeaseInfo:
@@ -182,8 +206,8 @@ class CustomerLocks:
 
     def get_lease(self, lease_id: str) -> LeaseInfo | None:
         """The lease ``lease_id`` of this customer as the database holds it
-        now, detached or not (one indexed read); ``None`` if it does not
-        exist or has expired."""
+        now, detached or not, with its data (one indexed read); ``None`` if
+        it does not exist or has expired."""
         lease_id = validation.lease_id(lease_id)
         return self.manager._lease_info(self.customer_id, lease_id)
 

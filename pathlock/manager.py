@@ -36,12 +36,12 @@ from pathlock import dialects, events, otel
 from pathlock._acquire import Cancel, acquire
 from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_open
 from pathlock._heartbeat import Heartbeat, Stragglers
-from pathlock._records import GrantRequest
+from pathlock._records import GrantRequest, lease_data
 from pathlock._routing import Router
 from pathlock._settling import Expiring, InDoubt
 from pathlock._store import Store
 from pathlock._transactions import THREAD, Runner, Transactions
-from pathlock._upkeep import Upkeep
+from pathlock._upkeep import LeaseRows, Upkeep
 from pathlock.customer import CustomerLocks
 from pathlock.dialects.base import is_async
 from pathlock.errors import (
@@ -792,6 +792,7 @@ class PathLockManager:
         owner: object,
         cancel: object = None,
         holder: Owner | None = None,
+        data: object = None,
     ) -> Lease | None:
         """A request (see :meth:`CustomerLocks.lock_paths`); ``holder``: the
         owner, found by the caller already (the asyncio API finds it in the
@@ -807,6 +808,7 @@ class PathLockManager:
             reason=validation.reason(reason),
             ttl=self.ttl if ttl is None else validation.ttl(ttl),
             abandoned=self._abandoned_leases(),
+            data=lease_data(validation.data(data)),
         )
         callbacks = () if on_lost is None else (on_lost,)
 
@@ -837,6 +839,7 @@ class PathLockManager:
         reason: object,
         blocking: bool,
         cancel: object = None,
+        data: object = None,
     ) -> DetachedLease | None:
         """A request for a detached lease (see
         :meth:`CustomerLocks.lock_detached`): granted as every request is,
@@ -855,6 +858,7 @@ class PathLockManager:
             reason=validation.reason(reason),
             ttl=validation.ttl(ttl),
             abandoned=frozenset(),
+            data=lease_data(validation.data(data)),
         )
 
         granted: list[DetachedLease] = []
@@ -886,8 +890,8 @@ class PathLockManager:
         """The live lease ``lease_id`` of ``customer_id``, if any (see
         :meth:`CustomerLocks.get_lease`)."""
         with self._call("look up a lease"):
-            rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
-        return _lease_info([row for row, live in rows if live])
+            read = self._upkeep.lease_rows(customer_id, lease_id)
+        return _lease_info(read)
 
     def _locks_on(
         self,
@@ -915,7 +919,7 @@ class PathLockManager:
         """Renew a detached lease (see :meth:`CustomerLocks.renew_detached`)."""
         with self._call("renew a detached lease"):
             started = time.monotonic()
-            rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
+            rows = self._upkeep.lease_rows(customer_id, lease_id).rows
             live = [row for row, alive in rows if alive]
             if rows:
                 _check_detached(rows[0][0], "renewed")
@@ -929,8 +933,8 @@ class PathLockManager:
             )
             if lease_id not in held:
                 raise LeaseLost(lease_id, "it expired or was released before it was renewed")
-            rows, _ = self._upkeep.lease_rows(customer_id, lease_id)
-        renewed = _lease_info([row for row, live in rows if live])
+            read = self._upkeep.lease_rows(customer_id, lease_id)
+        renewed = _lease_info(read)
         if renewed is None:  # released right after its renewal
             raise LeaseLost(lease_id, "it was released after it was renewed")
         return renewed
@@ -938,7 +942,8 @@ class PathLockManager:
     def _release_detached(self, customer_id: int, lease_id: str) -> int:
         """Release a detached lease (see :meth:`CustomerLocks.release_detached`)."""
         with self._call("release a detached lease"):
-            rows, database_now = self._upkeep.lease_rows(customer_id, lease_id)
+            read = self._upkeep.lease_rows(customer_id, lease_id)
+            rows, database_now = read.rows, read.database_now
             if not rows:
                 return 0
             first = rows[0][0]
@@ -1413,8 +1418,9 @@ class _Calls:
                 self._waiting -= 1
 
 
-def _lease_info(rows: Sequence[LockInfo]) -> LeaseInfo | None:
-    """The lease whose rows are ``rows`` (``None``: none)."""
+def _lease_info(read: LeaseRows) -> LeaseInfo | None:
+    """The lease whose rows ``read`` found, if live (``None``: none)."""
+    rows = [row for row, live in read.rows if live]
     if not rows:
         return None
     first = rows[0]
@@ -1427,6 +1433,7 @@ def _lease_info(rows: Sequence[LockInfo]) -> LeaseInfo | None:
         reason=first.reason,
         created_at=first.created_at,
         expires_at=min(row.expires_at for row in rows),
+        data=read.data,
     )
 
 

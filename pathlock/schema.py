@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 # read from that directory when pathlock is imported: on a server the library
 # never loads its migrations (a DBA runs them), so it runs today where they
 # are not files it could read (a zip, a frozen application, .pyc only).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 REVISION = REVISIONS[-1]
@@ -83,6 +84,16 @@ _BigId = dialects.column_type("id", BigInteger())
 _Timestamp = dialects.column_type("timestamp", DateTime())
 # A waiter's paths as JSON: up to 100,000 characters of paths and more.
 _LongText = dialects.column_type("long_text", Text())
+_LongBinary = dialects.column_type("long_binary", LargeBinary())
+
+
+def _lease_data() -> Column[bytes]:
+    # The lease's data (revision 0009): what the caller gave with its request
+    # (CustomerLocks.lock_paths(data=...)), on the queue row while it waits
+    # and on the row of its first path once granted (NULL on the others, and
+    # where none was given). One byte says what it was: 0 bytes, 1 text
+    # (UTF-8), then the value (pathlock._records.lease_data).
+    return Column("data", _LongBinary, nullable=True)
 
 
 def _owner_key() -> Column[str]:
@@ -141,6 +152,7 @@ path_locks = Table(
     Column("created_at", _Timestamp, nullable=False),
     Column("expires_at", _Timestamp, nullable=False),
     _owner_key(),
+    _lease_data(),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
     # The conflict query: one customer, exact paths (self and ancestors) and
     # ranges of descendants (LIKE 'prefix/%').
@@ -172,6 +184,7 @@ path_lock_waiters = Table(
     # (microseconds; revision 0006). NULL on rows of older versions, which do
     # not take paths handed over: releases leave them to try for themselves.
     Column("hand_over_us", BigInteger, nullable=True),
+    _lease_data(),
     Index(None, "customer_id", "ticket"),
     Index(None, "lease_id"),
     Index(None, "expires_at"),

@@ -164,6 +164,8 @@ class LeaseInfo:
     reason: str
     created_at: datetime
     expires_at: datetime
+    data: bytes | str | None = None
+    """The data its request gave (``data=``), bytes or text as given."""
 
     @property
     def detached(self) -> bool:

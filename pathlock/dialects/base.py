@@ -204,8 +204,9 @@ class Dialect:
     column_types: ClassVar[dict[str, TypeEngine[Any]]] = {}
     """The family's own type for a kind of column, where the portable one
     does not do: ``"id"`` (a BIGINT key that auto-increments),
-    ``"timestamp"`` (microseconds) and ``"long_text"`` (a waiter's paths, up
-    to 100,000 characters and more)."""
+    ``"timestamp"`` (microseconds), ``"long_text"`` (a waiter's paths, up
+    to 100,000 characters and more) and ``"long_binary"`` (a lease's data,
+    up to 64 KiB and a byte)."""
 
     drivers: ClassVar[tuple[str, ...]] = ()
     """The synchronous drivers pathlock reaches the family through, the one to

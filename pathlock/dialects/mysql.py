@@ -195,6 +195,7 @@ class MySQL(Dialect):
     column_types: ClassVar[dict[str, TypeEngine[Any]]] = {
         "timestamp": mysql.DATETIME(fsp=6),
         "long_text": mysql.MEDIUMTEXT(),
+        "long_binary": mysql.MEDIUMBLOB(),
     }
 
     def skips_locked_rows(self, dialect: SQLAlchemyDialect) -> bool:

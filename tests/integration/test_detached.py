@@ -273,12 +273,9 @@ def test_hooks_hear_of_detached_grants_renewals_and_releases(
 def test_the_asyncio_api_takes_renews_and_releases_detached_leases(
     database_url: str, customer_id: int
 ) -> None:
-    url = database_url.replace("mysql+pymysql://", "mysql+asyncmy://").replace(
-        "sqlite:///", "sqlite+aiosqlite:///"
-    )
 
     async def main() -> None:
-        async with AsyncPathLockManager(url) as manager:
+        async with AsyncPathLockManager(database_url) as manager:
             locks = manager.for_customer(customer_id)
             lease = await locks.lock_detached("/dav/a", shared=["/dav/b"], ttl=60)
             assert await locks.try_lock_detached("/dav", ttl=60) is None
@@ -297,9 +294,9 @@ def test_the_asyncio_api_takes_renews_and_releases_detached_leases(
             assert await locks.list_locks() == []
             assert await manager.list_waiters(customer_id) == []
         # Nor does the asyncio manager's close release one.
-        async with AsyncPathLockManager(url) as manager:
+        async with AsyncPathLockManager(database_url) as manager:
             lease = await manager.for_customer(customer_id).lock_detached("/dav/kept", ttl=60)
-        async with AsyncPathLockManager(url) as manager:
+        async with AsyncPathLockManager(database_url) as manager:
             locks = manager.for_customer(customer_id)
             assert await locks.get_lease(lease.lease_id) is not None
             assert await locks.release_detached(lease.lease_id) == 1
@@ -329,9 +326,6 @@ def test_an_asyncio_caller_cancelled_as_its_detached_lease_is_granted_leaves_not
 ) -> None:
     """The caller is cancelled while the grant comes back (here by a hook of
     the grant): nobody will have the lease id, so the manager releases it."""
-    url = database_url.replace("mysql+pymysql://", "mysql+asyncmy://").replace(
-        "sqlite:///", "sqlite+aiosqlite:///"
-    )
     callers: list[asyncio.Task[object]] = []
 
     class CancelTheCaller(Hooks):
@@ -339,7 +333,7 @@ def test_an_asyncio_caller_cancelled_as_its_detached_lease_is_granted_leaves_not
             callers[0].cancel()
 
     async def main() -> None:
-        async with AsyncPathLockManager(url, hooks=[CancelTheCaller()]) as manager:
+        async with AsyncPathLockManager(database_url, hooks=[CancelTheCaller()]) as manager:
             locks = manager.for_customer(customer_id)
             caller = asyncio.ensure_future(locks.lock_detached("/dav/a", ttl=3600))
             callers.append(caller)  # type: ignore[arg-type]

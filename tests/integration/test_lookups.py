@@ -119,12 +119,9 @@ def test_a_lookup_reads_the_index_not_the_customer(mariadb_url: str, customer_id
 
 
 def test_the_asyncio_api_looks_up_locks_too(database_url: str, customer_id: int) -> None:
-    url = database_url.replace("mysql+pymysql://", "mysql+asyncmy://").replace(
-        "sqlite:///", "sqlite+aiosqlite:///"
-    )
 
     async def main() -> None:
-        async with AsyncPathLockManager(url) as manager:
+        async with AsyncPathLockManager(database_url) as manager:
             locks = manager.for_customer(customer_id)
             async with locks.lock_paths("/a/b"):
                 found = await locks.locks_on("/a", ancestors=False, descendants=True)

@@ -8,8 +8,8 @@ is called. The recorded interval lies inside the real one (grant commit to
 release commit), so two recorded intervals that overlap prove a double grant.
 The checker knows nothing of pathlock's own conflict logic: it has its own
 definition of overlapping paths and conflicting modes. Some of the tree test's
-grants are detached leases, renewed and released by their id through a second
-manager of the worker.
+grants are detached leases with data, renewed (their data checked) and
+released by their id through a second manager of the worker.
 
 Workers are started with the "spawn" start method and build their own
 PathLockManager inside the child: nothing (engines, connections) crosses a fork.
@@ -423,23 +423,24 @@ def _detached_operation(
     """A detached lease taken through ``locks`` and renewed and released by
     its id through ``other``, another manager."""
     exclusive, shared = _random_request(rng)
+    data = f"worker {index}, request {rng.random()}"
     lease: DetachedLease | None
     if rng.random() < 0.3:
         try:
             lease = locks.lock_detached(
-                *exclusive, shared=shared, ttl=60, timeout=rng.uniform(5, 20)
+                *exclusive, shared=shared, ttl=60, timeout=rng.uniform(5, 20), data=data
             )
         except LockTimeout:
             stats["timeouts"] += 1
             return None
     else:
-        lease = locks.try_lock_detached(*exclusive, shared=shared, ttl=60)
+        lease = locks.try_lock_detached(*exclusive, shared=shared, ttl=60, data=data)
         if lease is None:
             stats["try_none"] += 1
             return None
     t_start = time.monotonic()
-    if rng.random() < 0.3:
-        other.renew_detached(lease.lease_id, ttl=60)
+    if rng.random() < 0.3 and other.renew_detached(lease.lease_id, ttl=60).data != data:
+        raise AssertionError(f"{lease!r} lost its data")
     _hold_briefly(rng)
     t_end = time.monotonic()
     if other.release_detached(lease.lease_id) != len(lease.paths):

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.sql.expression import Executable
 
 from pathlock import InvalidArgument, PathLockError, RequestTooLarge
-from pathlock._records import GrantRequest, grant_parameters, waiter_parameters
+from pathlock._records import GrantRequest, grant_parameters, lease_data, waiter_parameters
 from pathlock._statements import (
     BUMP,
     ENQUEUE,
@@ -32,6 +32,7 @@ from pathlock._statements import (
     grant_statement,
     shape,
 )
+from pathlock._validation import MAX_DATA
 from pathlock.paths import (
     MAX_PATH_LENGTH,
     MAX_REQUEST_CHARACTERS,
@@ -61,10 +62,17 @@ def _sent(statement: Executable, parameters: dict[str, Any]) -> int:
     return len((state.statement % values).encode())
 
 
-def _request(exclusive: Sequence[str], shared: Sequence[str] = ()) -> GrantRequest:
+# The most data a lease may carry, in the bytes that cost the most to send: a
+# NUL is escaped to two characters, and a byte over 0x7F is two in UTF-8.
+_DATA = lease_data(b"\x00\xff" * (MAX_DATA // 2))
+
+
+def _request(
+    exclusive: Sequence[str], shared: Sequence[str] = (), data: bytes | None = None
+) -> GrantRequest:
     paths = normalize_request(exclusive, shared)
     owner = Owner("n" * 255, 2**31 - 1, "t" * 64)
-    return GrantRequest(2**62, "f" * 32, paths, owner, "r" * 1000, 30.0)
+    return GrantRequest(2**62, "f" * 32, paths, owner, "r" * 1000, 30.0, data=data)
 
 
 def _sizes(request: GrantRequest) -> dict[str, int]:
@@ -126,7 +134,7 @@ def test_the_largest_requests_fit_the_smallest_default_packet(
 ) -> None:
     assert len(paths) <= MAX_REQUEST_PATHS
     assert sum(len(path) for path in paths) <= MAX_REQUEST_CHARACTERS
-    request = _request([], paths) if shared else _request(paths)
+    request = _request([], paths, _DATA) if shared else _request(paths, data=_DATA)
     sizes = _sizes(request)
     assert max(sizes.values()) < SMALLEST_DEFAULT_PACKET, sizes
 
