@@ -49,6 +49,7 @@ from wsgidav.dav_error import (
     DAVErrorCondition,
     PRECONDITION_CODE_LockConflict,
 )
+from wsgidav.lock_man.lock_manager import validate_lock
 
 from pathlock.customer import CustomerLocks
 from pathlock.errors import InvalidPath, LeaseLost
@@ -140,6 +141,8 @@ class LockStorage:
         ``timeout`` (capped), ``expire`` and ``token`` to ``lock``."""
         root = "/" + str(path).strip("/")
         timeout = _capped(lock.get("timeout"))
+        # As WsgiDAV's own storages: AssertionError for a malformed lock.
+        validate_lock(lock | {"root": root, "timeout": timeout})
         owner = lock.get("owner", b"")
         data = {
             "v": _VERSION,

@@ -170,6 +170,30 @@ def test_the_database_refuses_what_each_workers_own_check_let_through(
             storage.close()
 
 
+def test_a_lock_ends_at_its_timeout_and_malformed_ones_are_refused(
+    workers: tuple[LockManager, LockManager],
+) -> None:
+    first, second = workers
+    lock = _acquire(first, "/brief", timeout=1)
+    assert second.get_lock(lock["token"]) is not None
+    time.sleep(1.5)  # by the database's clock too
+    assert second.get_lock(lock["token"]) is None
+    assert second.get_url_lock_list("/brief") == []
+    assert _acquire(second, "/brief")["token"] != lock["token"]
+    for bad in ({"lock_scope": "exclusiveX"}, {"lock_depth": "1"}, {"lock_owner": "text"}):
+        with pytest.raises(AssertionError):
+            first._generate_lock(  # skips the manager's own checks
+                "p",
+                "write",
+                bad.get("lock_scope", "exclusive"),
+                bad.get("lock_depth", "infinity"),
+                bad.get("lock_owner", _OWNER),
+                "/malformed",
+                60,
+            )
+    assert first.get_url_lock_list("/malformed") == []
+
+
 def test_tokens_of_other_storages_and_gone_locks(
     workers: tuple[LockManager, LockManager],
 ) -> None:
