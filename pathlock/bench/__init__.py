@@ -1,13 +1,15 @@
 """``pathlock bench``: the benchmark suite that writes ``docs/BENCHMARKS.md``.
 
-Nine experiments, each measured beside its baseline in the same run (the
+Ten experiments, each measured beside its baseline in the same run (the
 machines are shared and noisy, so ratios count, not absolute times): the cost
 of one uncontended lock and throughput, against two durable commits, fairness on
 one path, a parent folder among busy children, hand-off latency, scale with
 100,000 live locks, reaping expired rows under load, and the asyncio API: the
 event loop's lag while tasks take turns on one path (beside the idle loop) and
 an uncontended lock beside the synchronous API's (:mod:`pathlock.bench.asyncio_api`,
-on the server and on a temporary SQLite file). Beside pathlock in experiments
+on the server and on a temporary SQLite file), and what a WebDAV server asks of
+detached leases (grant and release, renewal, a lease by id, the locks around a
+path) with 100,000 live locks beside. Beside pathlock in experiments
 1 to 5 runs the naive algorithm from the original blog post
 (``SELECT ... FOR UPDATE``, reverse exponential backoff; :mod:`pathlock.bench.naive`).
 
@@ -42,6 +44,7 @@ EXPERIMENTS: dict[int, str] = {
     7: "Reaping expired rows while clients acquire",
     8: "Event-loop lag while asyncio tasks take turns on one path",
     9: "Uncontended acquire + release, asyncio API beside the synchronous API",
+    10: "Detached leases and lookups beside many live locks",
 }
 
 

@@ -50,6 +50,9 @@ class Settings:
     # 9. asyncio against synchronous: alternating rounds per database
     versus_rounds: int
     versus_per_round: int
+    # 10. detached leases and lookups beside live_rows live locks
+    detached_rounds: int
+    detached_per_round: int
 
     def describe(self) -> list[str]:
         """The settings, one markdown bullet per experiment."""
@@ -78,6 +81,8 @@ class Settings:
             f"each after {self.loop_idle_seconds:g} s of the idle loop",
             f"- 9: {count(self.versus_rounds, 'round')} of {self.versus_per_round} operations "
             "per API and database, synchronous and asyncio alternating",
+            f"- 10: {self.live_rows:,} live rows, {count(self.detached_rounds, 'round')} of "
+            f"{self.detached_per_round} operations per kind and customer, alternating",
         ]
 
     def workers(self, experiments: Iterable[int]) -> int:
@@ -124,6 +129,8 @@ FULL = Settings(
     loop_idle_seconds=0.5,
     versus_rounds=10,
     versus_per_round=100,
+    detached_rounds=10,
+    detached_per_round=50,
 )
 
 # The smoke test's sizes: the same experiments, briefly (figures mean nothing).
@@ -152,4 +159,6 @@ QUICK = replace(
     loop_idle_seconds=0.2,
     versus_rounds=2,
     versus_per_round=25,
+    detached_rounds=2,
+    detached_per_round=10,
 )

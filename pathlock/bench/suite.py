@@ -32,6 +32,7 @@ RUNS: dict[int, Callable[[Bench], Section]] = {
     7: costs.reaping,
     8: asyncio_api.event_loop_lag,
     9: asyncio_api.async_against_sync,
+    10: costs.detached,
 }
 
 
