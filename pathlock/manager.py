@@ -951,6 +951,16 @@ class PathLockManager:
             paths = tuple((row.path, row.mode) for row, _ in rows)
             try:
                 deleted = self._store.release(customer_id, lease_id, paths=paths)
+            except BaseException:
+                # Failed or interrupted, its DELETE may or may not have
+                # landed: the rows go from the background, soon (as an
+                # interrupted release of a lease of this manager's), not
+                # at the lease's timeout, hours away maybe.
+                assert database_now is not None  # noqa: S101 - read with the rows
+                left = max(row.expires_at for row, _ in rows) - database_now
+                self._in_doubt.add(customer_id, lease_id, max(1.0, left.total_seconds()))
+                self._in_doubt.settle_soon()
+                raise
             finally:
                 self._wakeups.notify(customer_id)
         live = sum(1 for _, alive in rows if alive)

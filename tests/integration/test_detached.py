@@ -342,3 +342,31 @@ def test_an_asyncio_caller_cancelled_as_its_detached_lease_is_granted_leaves_not
             assert await locks.list_locks() == []
 
     asyncio.run(main())
+
+
+def test_a_release_by_id_interrupted_still_releases_soon(
+    database_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or any failure) in the middle of release_detached: whether its
+    DELETE landed is unknown, and the lease would otherwise stay until its
+    timeout, an hour here. The manager deletes its rows from the background
+    within seconds."""
+    from pathlock._store import Store  # noqa: PLC0415 - the seam interrupted
+
+    with PathLockManager(database_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        lease = locks.lock_detached("/dav/a", ttl=3600)
+
+        def interrupted(*_args: object, **_kwargs: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Store, "release", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            locks.release_detached(lease.lease_id)
+        monkeypatch.undo()
+        deadline = time.monotonic() + HANG
+        while locks.get_lease(lease.lease_id) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert locks.get_lease(lease.lease_id) is None
+        assert locks.try_lock_paths("/dav") is not None
+        locks.release_locks()
