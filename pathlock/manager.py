@@ -946,6 +946,7 @@ class PathLockManager:
             rows, database_now = read.rows, read.database_now
             if not rows:
                 return 0
+            assert database_now is not None  # noqa: S101 - read with the rows
             first = rows[0][0]
             _check_detached(first, "released")
             paths = tuple((row.path, row.mode) for row, _ in rows)
@@ -956,7 +957,6 @@ class PathLockManager:
                 # landed: the rows go from the background, soon (as an
                 # interrupted release of a lease of this manager's), not
                 # at the lease's timeout, hours away maybe.
-                assert database_now is not None  # noqa: S101 - read with the rows
                 left = max(row.expires_at for row, _ in rows) - database_now
                 self._in_doubt.add(customer_id, lease_id, max(1.0, left.total_seconds()))
                 self._in_doubt.settle_soon()
@@ -966,7 +966,6 @@ class PathLockManager:
         live = sum(1 for _, alive in rows if alive)
         if deleted == 0 or not live:
             return 0  # released meanwhile by another call, or expired
-        assert database_now is not None  # noqa: S101 - read with the rows
         held = (database_now - first.created_at).total_seconds()
         self._events.released(events.Released(customer_id, lease_id, paths, max(0.0, held)))
         return live

@@ -462,22 +462,28 @@ def _throughput_meaning(
     return text
 
 
+def _crowd(bench: Bench, customer: int) -> float:
+    """Give ``customer`` the settings' number of live locks in other subtrees
+    (``/Bulk/d*/*``, expiring in an hour); the seconds it took."""
+    started = time.monotonic()
+    bench.say(f"inserting {bench.settings.live_rows:,} live locks")
+    insert_bulk_rows(
+        bench.engine,
+        range(customer, customer + 1),
+        bench.settings.live_rows,
+        expires_in=timedelta(hours=1),
+        prefix="/Bulk/d",
+    )
+    return time.monotonic() - started
+
+
 def scale(bench: Bench) -> Section:
     """6: acquire + release p50 on a customer with many live locks, beside
     one with none."""
     settings = bench.settings
     with bench.customers(2) as customers:
         crowded, empty = customers
-        started = time.monotonic()
-        bench.say(f"inserting {settings.live_rows:,} live locks")
-        insert_bulk_rows(
-            bench.engine,
-            range(crowded, crowded + 1),
-            settings.live_rows,
-            expires_in=timedelta(hours=1),
-            prefix="/Bulk/d",
-        )
-        inserted = time.monotonic() - started
+        inserted = _crowd(bench, crowded)
         samples = _side_by_side(
             {
                 "empty": _lock_and_release(bench.manager.for_customer(empty)),
@@ -560,16 +566,7 @@ def detached(bench: Bench) -> Section:
     settings = bench.settings
     with bench.customers(2) as customers:
         crowded, empty = customers
-        started = time.monotonic()
-        bench.say(f"inserting {settings.live_rows:,} live locks")
-        insert_bulk_rows(
-            bench.engine,
-            range(crowded, crowded + 1),
-            settings.live_rows,
-            expires_in=timedelta(hours=1),
-            prefix="/Bulk/d",
-        )
-        inserted = time.monotonic() - started
+        inserted = _crowd(bench, crowded)
         held = {
             customer: bench.manager.for_customer(customer).lock_detached(
                 "/Shared/held.docx", ttl=DETACHED_TTL
