@@ -16,21 +16,46 @@ the one the grant is judged against) and asks this module two questions:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from pathlock.paths import conflicts
-from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
+from pathlock.types import LockInfo, Mode, Owner, PathMode, WaiterInfo
+
+Locked = tuple[str, Mode, bool]
+"""A path, its mode and whether it is locked at depth 0 (shallow)."""
 
 
-def requests_conflict(first: Iterable[PathMode], second: Iterable[PathMode]) -> bool:
-    """True when some pair of the two requests' (path, mode) pairs conflicts."""
+def with_depth(paths: Iterable[PathMode], shallow: AbstractSet[str]) -> tuple[Locked, ...]:
+    """A request's (path, mode) pairs with whether each is shallow."""
+    return tuple((path, mode, path in shallow) for path, mode in paths)
+
+
+def requests_conflict(first: Iterable[Locked], second: Iterable[Locked]) -> bool:
+    """True when some pair of the two requests' paths conflicts."""
+    others = tuple(second)
+    return any(
+        conflicts((path, mode), (other, other_mode), shallow, other_shallow)
+        for path, mode, shallow in first
+        for other, other_mode, other_shallow in others
+    )
+
+
+def may_conflict(first: Iterable[PathMode], second: Iterable[PathMode]) -> bool:
+    """:func:`requests_conflict` with every path taken to cover its subtree:
+    never false where the requests conflict, whatever their depths (for the
+    guesses that only decide who is asked to look again)."""
     others = tuple(second)
     return any(conflicts(mine, other) for mine in first for other in others)
 
 
+def _request(waiter: WaiterInfo) -> tuple[Locked, ...]:
+    return with_depth(waiter.paths, waiter.shallow)
+
+
 def waiters_ahead(
-    request: Sequence[PathMode],
+    request: Sequence[Locked],
     earlier: Sequence[WaiterInfo],
-    owner_locks: Sequence[PathMode],
+    owner_locks: Sequence[Locked],
 ) -> list[WaiterInfo]:
     """The waiters of ``earlier`` (live, older tickets, oldest first) that
     ``request`` must let go first.
@@ -43,12 +68,15 @@ def waiters_ahead(
     """
     behind_owner: list[WaiterInfo] = []
     ahead: list[WaiterInfo] = []
+    behind: list[tuple[Locked, ...]] = []
     for waiter in sorted(earlier, key=lambda info: info.ticket):
-        if requests_conflict(waiter.paths, owner_locks) or any(
-            requests_conflict(waiter.paths, passed.paths) for passed in behind_owner
+        paths = _request(waiter)
+        if requests_conflict(paths, owner_locks) or any(
+            requests_conflict(paths, passed) for passed in behind
         ):
             behind_owner.append(waiter)
-        elif requests_conflict(waiter.paths, request):
+            behind.append(paths)
+        elif requests_conflict(paths, request):
             ahead.append(waiter)
     return ahead
 
@@ -57,7 +85,7 @@ def deadlock_party(
     owner: Owner,
     blockers: Sequence[LockInfo],
     waiters: Sequence[WaiterInfo],
-    owner_locks: Sequence[PathMode],
+    owner_locks: Sequence[Locked],
 ) -> WaiterInfo | None:
     """The queued request of another owner that closes a cycle, or ``None``.
 
@@ -69,6 +97,6 @@ def deadlock_party(
     """
     holders = {info.owner.identity for info in blockers} - {owner.identity}
     for waiter in sorted(waiters, key=lambda info: info.ticket):
-        if waiter.owner.identity in holders and requests_conflict(waiter.paths, owner_locks):
+        if waiter.owner.identity in holders and requests_conflict(_request(waiter), owner_locks):
             return waiter
     return None

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from pathlock._fairness import Locked, with_depth
 from pathlock._statements import conflict_parameters
 from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode, WaiterInfo
 
@@ -33,6 +34,12 @@ class GrantRequest:
     abandoned: frozenset[str] = frozenset()
     # The lease's data as stored (see lease_data()), or None.
     data: bytes | None = None
+    # The paths of ``paths`` locked at depth 0 (shallow).
+    shallow: frozenset[str] = frozenset()
+
+    def locked(self) -> tuple[Locked, ...]:
+        """Its paths with their modes and depths, as the queue rules take them."""
+        return with_depth(self.paths, self.shallow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +153,14 @@ def lock_info(row: Row[*tuple[Any, ...]]) -> LockInfo:
         fencing_token=row.fencing_token,
         created_at=as_utc(row.created_at),
         expires_at=as_utc(row.expires_at),
+        shallow=bool(row.shallow),
     )
 
 
 def waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
+    shallow: frozenset[str] = frozenset()
     try:
-        paths = tuple((str(path), mode) for path, mode in json.loads(row.paths))
+        paths, shallow = queued_paths(row.paths)
     except (ValueError, TypeError):  # not pathlock's JSON: show it as it is
         paths = ((str(row.paths), EXCLUSIVE),)
     return WaiterInfo(
@@ -163,7 +172,30 @@ def waiter_info(row: Row[*tuple[Any, ...]]) -> WaiterInfo:
         reason=row.reason,
         created_at=as_utc(row.created_at),
         expires_at=as_utc(row.expires_at),
+        shallow=shallow,
     )
+
+
+def queued_json(paths: Sequence[PathMode], shallow: frozenset[str]) -> str:
+    """A request's paths as its queue row keeps them: a JSON list of
+    ``[path, mode]`` pairs, ``[path, mode, 0]`` for a path at depth 0."""
+    return json.dumps(
+        [[path, mode, 0] if path in shallow else [path, mode] for path, mode in paths]
+    )
+
+
+def queued_paths(text: str | bytes) -> tuple[tuple[PathMode, ...], frozenset[str]]:
+    """The paths of a queue row (see :func:`queued_json`) and those of them
+    at depth 0. Raises ``ValueError`` or ``TypeError`` for anything else."""
+    paths: list[PathMode] = []
+    shallow: set[str] = set()
+    for path, mode, *depth in json.loads(text):
+        paths.append((str(path), mode))
+        if depth == [0]:
+            shallow.add(str(path))
+        elif depth:
+            raise ValueError(f"not a depth: {depth!r}")
+    return tuple(paths), frozenset(shallow)
 
 
 _BYTES, _TEXT = b"\x00", b"\x01"  # what a lease's stored data was given as
@@ -195,10 +227,13 @@ def given_data(stored: bytes | None) -> bytes | str | None:
 
 
 def grant_parameters(request: GrantRequest) -> dict[str, Any]:
-    parameters = conflict_parameters(request.paths)
+    parameters = conflict_parameters(request.paths, shallow=request.shallow)
+    shallow = request.shallow
     for n, (path, mode) in enumerate(request.paths):
         parameters[f"rq_path_{n}"] = path
         parameters[f"rq_mode_{n}"] = mode
+        if shallow:
+            parameters[f"rq_shallow_{n}"] = path in shallow
     parameters.update(
         c_id=request.customer_id,
         l_id=request.lease_id,
@@ -228,9 +263,12 @@ def lean_parameters(request: GrantRequest) -> dict[str, Any]:
         "rows": len(request.paths),
         "l_data": request.data,
     }
+    shallow = request.shallow
     for n, (path, mode) in enumerate(request.paths):
         parameters[f"rq_path_{n}"] = path
         parameters[f"rq_mode_{n}"] = mode
+        if shallow:  # rq_shallow_N only where a path is at depth 0
+            parameters[f"rq_shallow_{n}"] = path in shallow
     return parameters
 
 
@@ -240,7 +278,7 @@ def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any
     return {
         "c_id": request.customer_id,
         "l_id": request.lease_id,
-        "w_paths": json.dumps(request.paths),
+        "w_paths": queued_json(request.paths, request.shallow),
         "o_node": request.owner.node_id,
         "o_pid": request.owner.pid,
         "o_thread": request.owner.thread,

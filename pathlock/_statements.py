@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -42,6 +43,7 @@ from sqlalchemy import (
     column,
     delete,
     exists,
+    false,
     func,
     insert,
     literal_column,
@@ -89,6 +91,7 @@ LOCK_COLUMNS = (
     path_locks.c.fencing_token,
     path_locks.c.created_at,
     path_locks.c.expires_at,
+    path_locks.c.shallow,
 )
 LOCK_ITEM = tuple(column.name for column in LOCK_COLUMNS)
 
@@ -140,20 +143,27 @@ def _table(rows: Sequence[Select[*tuple[Any, ...]]], name: str) -> Subquery:
     return (union_all(*rows) if len(rows) > 1 else rows[0]).subquery(name)
 
 
-def _requested(count: int, name: str) -> Subquery:
+def _requested(count: int, name: str, shallow: bool = False) -> Subquery:
     """The requested paths (``:rq_path_N``, ``:rq_mode_N``) with their
-    position ``k``."""
+    position ``k`` and, for a request with paths at depth 0, whether each is
+    (``:rq_shallow_N``; otherwise none is)."""
     return _table(
         [
             select(
                 bindparam(f"rq_path_{n}", type_=String).label("path"),
                 bindparam(f"rq_mode_{n}", type_=String).label("mode"),
                 literal_column(str(n), Integer).label("k"),
+                *([_shallow(n).label("shallow")] if shallow else []),
             )
             for n in range(count)
         ],
         name,
     )
+
+
+def _shallow(n: int) -> ColumnElement[bool]:
+    """Whether requested path ``n`` is locked at depth 0."""
+    return bindparam(f"rq_shallow_{n}", type_=Boolean)
 
 
 class _IntegerRows(UserDefinedType[list[tuple[int, int]]]):
@@ -233,15 +243,24 @@ def _met(form: Shape, table: Table = path_locks) -> list[ColumnElement[bool]]:
     conflicting mode."""
     met: list[ColumnElement[bool]] = []
     if form.exclusive:
-        met.append(table.c.path.in_(bindparam("x_eq", expanding=True)))
+        met.append(_on_or_above("x", table))
     if form.shared:
-        met.append(
-            and_(
-                table.c.mode == EXCLUSIVE,
-                table.c.path.in_(bindparam("s_eq", expanding=True)),
-            )
-        )
+        met.append(and_(table.c.mode == EXCLUSIVE, _on_or_above("s", table)))
     return met
+
+
+def _on_or_above(group: str, table: Table) -> ColumnElement[bool]:
+    """Rows of ``table`` on the paths of ``:{group}_on`` (the requested
+    paths), or on those of ``:{group}_above`` (their other ancestors) and
+    covering their subtree: a lock at depth 0 on an ancestor does not reach
+    the requested path."""
+    return or_(
+        table.c.path.in_(bindparam(f"{group}_on", expanding=True)),
+        and_(
+            table.c.path.in_(bindparam(f"{group}_above", expanding=True)),
+            table.c.shallow == false(),
+        ),
+    )
 
 
 def equal_conflicts(form: Shape, *columns: Any) -> Select[Any]:
@@ -285,7 +304,9 @@ def _met_by_prefixes(form: Shape, table: Table) -> tuple[Join, ColumnElement[boo
             table.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
         ),
     )
-    return met, or_(requested.c.mode == EXCLUSIVE, table.c.mode == EXCLUSIVE)
+    # A row on an ancestor meets the requested path if it covers its subtree.
+    reaches = or_(table.c.shallow == false(), table.c.path == requested.c.path)
+    return met, and_(or_(requested.c.mode == EXCLUSIVE, table.c.mode == EXCLUSIVE), reaches)
 
 
 def _descendants(group: str, count: int, table: Table = path_locks) -> ColumnElement[bool]:
@@ -301,6 +322,9 @@ def _descendants(group: str, count: int, table: Table = path_locks) -> ColumnEle
 
 
 def _below(exclusive: int, shared: int, table: Table = path_locks) -> list[ColumnElement[bool]]:
+    """Rows of ``table`` inside the requested paths that cover their
+    subtree (``exclusive`` and ``shared`` of them: the ranges
+    ``:x_low_N``..``:x_high_N`` and ``:s_...``), in a conflicting mode."""
     clauses = []
     if exclusive:
         clauses.append(_descendants("x", exclusive, table))
@@ -312,8 +336,9 @@ def _below(exclusive: int, shared: int, table: Table = path_locks) -> list[Colum
 def below_conflicts(exclusive: int, shared: int, *columns: Any) -> Select[Any]:
     """Live rows of the customer inside a requested path (from
     ``:x_low_N`` up to ``:x_high_N``, likewise ``s_`` for the shared ones:
-    index ranges), in a conflicting mode."""
-    return select(*columns).where(*_alive(), or_(*_below(exclusive, shared)))
+    index ranges), in a conflicting mode; none if no requested path covers
+    its subtree."""
+    return select(*columns).where(*_alive(), or_(*_below(exclusive, shared), false()))
 
 
 def _no_conflict(form: Shape) -> list[ColumnElement[bool]]:
@@ -323,14 +348,12 @@ def _no_conflict(form: Shape) -> list[ColumnElement[bool]]:
     index, which the server reads as one union of ranges, and it parses and
     plans one subquery instead of two."""
     if form.spelled:
-        found = select(path_locks.c.id).where(
-            *_alive(), or_(*_met(form), *_below(form.exclusive, form.shared))
-        )
+        found = select(path_locks.c.id).where(*_alive(), or_(*_met(form), *_below(*form.subtrees)))
         return [~force_index(found, path_locks, PATH_INDEX).exists()]
-    return [
-        ~equal_conflicts(form, path_locks.c.id).exists(),
-        ~below_conflicts(form.exclusive, form.shared, path_locks.c.id).exists(),
-    ]
+    conditions = [~equal_conflicts(form, path_locks.c.id).exists()]
+    if any(form.subtrees):
+        conditions.append(~below_conflicts(*form.subtrees, path_locks.c.id).exists())
+    return conditions
 
 
 def _queued_conflicts(form: Shape, *columns: Any) -> list[Select[Any]]:
@@ -351,7 +374,7 @@ def _queued_conflicts(form: Shape, *columns: Any) -> list[Select[Any]]:
         found = (
             select(*columns)
             .select_from(with_request)
-            .where(*alive, or_(*_met(form, paths), *_below(form.exclusive, form.shared, paths)))
+            .where(*alive, or_(*_met(form, paths), *_below(*form.subtrees, paths)))
         )
         return [force_index(found, paths, WAITER_PATH_INDEX)]
     met, conflicting = _met_by_prefixes(form, paths)
@@ -360,10 +383,12 @@ def _queued_conflicts(form: Shape, *columns: Any) -> list[Select[Any]]:
         .select_from(met.join(waiters, waiters.c.ticket == paths.c.ticket))
         .where(*alive, conflicting)
     )
+    if not any(form.subtrees):
+        return [force_index(equal, paths, WAITER_PATH_INDEX)]
     below = (
         select(*columns)
         .select_from(with_request)
-        .where(*alive, or_(*_below(form.exclusive, form.shared, paths)))
+        .where(*alive, or_(*_below(*form.subtrees, paths)))
     )
     return [force_index(equal, paths, WAITER_PATH_INDEX), below]
 
@@ -412,20 +437,35 @@ SPELLED_ENTRIES = 512
 
 class Shape(NamedTuple):
     """What the statements of a request are built for: how many exclusive and
-    how many shared paths, and whether the paths they meet by equality are
-    spelled out (see :func:`equal_conflicts`)."""
+    how many shared paths, whether the paths they meet by equality are
+    spelled out (see :func:`equal_conflicts`), and how many of each mode are
+    locked at depth 0 (shallow)."""
 
     exclusive: int
     shared: int
     spelled: bool
+    shallow_exclusive: int = 0
+    shallow_shared: int = 0
 
     @property
     def paths(self) -> int:
         return self.exclusive + self.shared
 
+    @property
+    def shallow(self) -> bool:
+        """Whether any path is locked at depth 0."""
+        return bool(self.shallow_exclusive or self.shallow_shared)
 
-def shape(paths: Sequence[PathMode]) -> Shape:
-    """The :class:`Shape` of a request of ``paths``."""
+    @property
+    def subtrees(self) -> tuple[int, int]:
+        """How many exclusive and how many shared paths cover their subtree:
+        the ranges of descendants the conflict query reads."""
+        return self.exclusive - self.shallow_exclusive, self.shared - self.shallow_shared
+
+
+def shape(paths: Sequence[PathMode], shallow: AbstractSet[str] = frozenset()) -> Shape:
+    """The :class:`Shape` of a request of ``paths`` (``shallow``: those of
+    them locked at depth 0)."""
     exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
     entries = characters = 0
     for path, _ in paths:
@@ -433,23 +473,39 @@ def shape(paths: Sequence[PathMode]) -> Shape:
         entries += len(lengths)
         characters += sum(lengths)
     spelled = entries <= SPELLED_ENTRIES and characters <= SPELLED_CHARACTERS
-    return Shape(exclusive, len(paths) - exclusive, spelled)
+    if not shallow:
+        return Shape(exclusive, len(paths) - exclusive, spelled)
+    shallow_exclusive = sum(1 for path, mode in paths if mode == EXCLUSIVE and path in shallow)
+    shallow_shared = sum(1 for path, mode in paths if mode != EXCLUSIVE and path in shallow)
+    return Shape(exclusive, len(paths) - exclusive, spelled, shallow_exclusive, shallow_shared)
 
 
-def conflict_parameters(paths: Sequence[PathMode], form: Shape | None = None) -> dict[str, Any]:
-    """The bind parameters of the conflict queries for ``paths``, in their
-    :func:`shape`'s form unless ``form`` says which."""
-    form = shape(paths) if form is None else form
+# Stands in an empty list of paths a statement compares with: no path is ''
+# (an empty IN list is spelled as a subquery the server plans apart).
+_NO_PATH = ""
+
+
+def conflict_parameters(
+    paths: Sequence[PathMode], form: Shape | None = None, shallow: AbstractSet[str] = frozenset()
+) -> dict[str, Any]:
+    """The bind parameters of the conflict queries for ``paths`` (``shallow``:
+    those of them locked at depth 0), in their :func:`shape`'s form unless
+    ``form`` says which."""
+    form = shape(paths, shallow) if form is None else form
     parameters: dict[str, Any] = {}
     if form.spelled:
-        lists: dict[bool, dict[str, None]] = {True: {}, False: {}}  # ordered sets
+        on: dict[bool, dict[str, None]] = {True: {}, False: {}}  # ordered sets
+        above: dict[bool, dict[str, None]] = {True: {}, False: {}}
         for path, mode in paths:
-            listed = lists[mode == EXCLUSIVE]
+            on[mode == EXCLUSIVE][path] = None
+            listed = above[mode == EXCLUSIVE]
             for ancestor in ancestors(path):
                 listed[ancestor] = None
-            listed[path] = None
-        parameters["x_eq"] = list(lists[True])
-        parameters["s_eq"] = list(lists[False])
+        for group, exclusive in (("x", True), ("s", False)):
+            parameters[f"{group}_on"] = list(on[exclusive]) or [_NO_PATH]
+            parameters[f"{group}_above"] = [
+                path for path in above[exclusive] if path not in on[exclusive]
+            ] or [_NO_PATH]
     else:
         prefixes: list[tuple[int, int]] = []
         for k, (path, mode) in enumerate(paths):
@@ -458,7 +514,9 @@ def conflict_parameters(paths: Sequence[PathMode], form: Shape | None = None) ->
             prefixes.extend((k, n) for n in prefix_lengths(path))
         parameters["prefixes"] = prefixes
     for group, wanted in (("x", True), ("s", False)):
-        chosen = [path for path, mode in paths if (mode == EXCLUSIVE) == wanted]
+        chosen = [
+            path for path, mode in paths if (mode == EXCLUSIVE) == wanted and path not in shallow
+        ]
         for n, path in enumerate(chosen):
             low, high = descendants_range(path)
             parameters[f"{group}_low_{n}"] = low
@@ -492,7 +550,7 @@ def blocker_items(form: Shape) -> CompoundSelect[Any]:
 def _blockers(form: Shape, *columns: Any) -> CompoundSelect[Any]:
     return union(
         equal_conflicts(form, *columns),
-        below_conflicts(form.exclusive, form.shared, *columns),
+        below_conflicts(*form.subtrees, *columns),
     ).limit(bindparam("blockers_limit", MAX_BLOCKERS, type_=Integer))
 
 
@@ -525,6 +583,7 @@ _GRANTED_COLUMNS = (
     "created_at",
     "expires_at",
     "data",
+    "shallow",
 )
 # The lease's data (pathlock._records.lease_data; NULL: none), given by the
 # request, or copied from its queue row by a release that hands it its paths.
@@ -594,12 +653,11 @@ def grant_statement(
     data: Any = _WAITER_DATA if handed else _DATA
     if form.paths == 1:
         source: Any = customer_locks
-        path: Any = bindparam("rq_path_0", type_=String)
-        mode: Any = bindparam("rq_mode_0", type_=String)
+        path, mode, shallow = _first_requested(form.shallow)
     else:
-        requested = _requested(form.paths, "requested")
+        requested = _requested(form.paths, "requested", form.shallow)
         source = requested.join(customer_locks, customer_locks.c.customer_id == bindparam("c_id"))
-        path, mode = requested.c.path, requested.c.mode
+        path, mode, shallow = _requested_columns(requested, form.shallow)
         data = _on_first_path(requested, data)
     values = (
         select(
@@ -621,6 +679,7 @@ def grant_statement(
             now(),
             now_plus(bindparam("ttl_us", type_=BigInteger)),
             data,
+            shallow,
         )
         .select_from(source)
         .where(
@@ -648,6 +707,21 @@ def grant_statement(
             )
         )
     return insert(path_locks).from_select(_GRANTED_COLUMNS, values)
+
+
+def _first_requested(shallow: bool) -> tuple[Any, Any, Any]:
+    """The path, mode and depth of a request of one path, from its bind
+    parameters (not shallow, unless the request has shallow paths)."""
+    return (
+        bindparam("rq_path_0", type_=String),
+        bindparam("rq_mode_0", type_=String),
+        _shallow(0) if shallow else false(),
+    )
+
+
+def _requested_columns(requested: Subquery, shallow: bool) -> tuple[Any, Any, Any]:
+    """The path, mode and depth columns of a table of requested paths."""
+    return requested.c.path, requested.c.mode, requested.c.shallow if shallow else false()
 
 
 # The fixed statements, built once.
@@ -869,18 +943,19 @@ LEAN_CLAIM = (
 
 
 @functools.lru_cache(maxsize=64)
-def lean_grant(count: int) -> Insert:
-    """The rows of a request of ``count`` paths, inserted only if the
-    statement before (:data:`LEAN_CLAIM`) wrote the sentinel; the fencing
-    token is the version it wrote (``LAST_INSERT_ID()``)."""
+def lean_grant(count: int, shallow: bool = False) -> Insert:
+    """The rows of a request of ``count`` paths (``shallow``: some of them
+    at depth 0), inserted only if the statement before (:data:`LEAN_CLAIM`)
+    wrote the sentinel; the fencing token is the version it wrote
+    (``LAST_INSERT_ID()``)."""
     data: Any = _DATA
     if count == 1:
         source: Any = None
-        path: Any = bindparam("rq_path_0", type_=String)
-        mode: Any = bindparam("rq_mode_0", type_=String)
+        path, mode, depth = _first_requested(shallow)
     else:
-        requested = _requested(count, "requested")
-        source, path, mode = requested, requested.c.path, requested.c.mode
+        requested = _requested(count, "requested", shallow)
+        source = requested
+        path, mode, depth = _requested_columns(requested, shallow)
         data = _on_first_path(requested, data)
     values = select(
         bindparam("c_id", type_=BigInteger),
@@ -896,6 +971,7 @@ def lean_grant(count: int) -> Insert:
         now(),
         now_plus(bindparam("ttl_us", type_=BigInteger)),
         data,
+        depth,
     ).where(Changed() > literal_column("0"))
     if source is not None:
         values = values.select_from(source)
@@ -1138,7 +1214,7 @@ def enqueue_if_blocked(form: Shape) -> Insert:
 
 
 @functools.lru_cache(maxsize=128)
-def enqueue_paths(count: int) -> Insert:
+def enqueue_paths(count: int, shallow: bool = False) -> Insert:
     """The rows of a request's ``count`` paths (``:rq_path_N``,
     ``:rq_mode_N``) in ``path_lock_waiter_paths``, for its newest queue row
     (the one ``ENQUEUE`` or :func:`enqueue_if_blocked` has just written in
@@ -1152,19 +1228,18 @@ def enqueue_paths(count: int) -> Insert:
     )
     if count == 1:
         source: Any = waiters
-        path: Any = bindparam("rq_path_0", type_=String)
-        mode: Any = bindparam("rq_mode_0", type_=String)
+        path, mode, depth = _first_requested(shallow)
     else:
-        requested = _requested(count, "requested")
+        requested = _requested(count, "requested", shallow)
         source = requested.join(waiters, waiters.c.ticket == newest)
-        path, mode = requested.c.path, requested.c.mode
+        path, mode, depth = _requested_columns(requested, shallow)
     values = (
-        select(waiters.c.ticket, waiters.c.customer_id, path, mode)
+        select(waiters.c.ticket, waiters.c.customer_id, path, mode, depth)
         .select_from(source)
         .where(waiters.c.ticket == newest, waiters.c.customer_id == bindparam("c_id"))
     )
     return insert(path_lock_waiter_paths).from_select(
-        ["ticket", "customer_id", "path", "mode"], values
+        ["ticket", "customer_id", "path", "mode", "shallow"], values
     )
 
 
@@ -1218,11 +1293,15 @@ def _owner_locks(*columns: Any) -> Select[Any]:
     )
 
 
-OWNER_LOCKS = _owner_locks(path_locks.c.path, path_locks.c.mode, path_locks.c.lease_id)
-# The same as one JSON array per row (see items()), for a denied attempt's reads.
-OWNER_LOCK_ITEMS = _owner_locks(
-    items((path_locks.c.path, path_locks.c.mode, path_locks.c.lease_id))
+_OWNER_LOCK_COLUMNS = (
+    path_locks.c.path,
+    path_locks.c.mode,
+    path_locks.c.lease_id,
+    path_locks.c.shallow,
 )
+OWNER_LOCKS = _owner_locks(*_OWNER_LOCK_COLUMNS)
+# The same as one JSON array per row (see items()), for a denied attempt's reads.
+OWNER_LOCK_ITEMS = _owner_locks(items(_OWNER_LOCK_COLUMNS))
 
 # The rows of one lease, by its id (the lease_id index), live or not, and the
 # database's time.
@@ -1243,12 +1322,17 @@ LEASE_ROWS = (
 
 @functools.lru_cache(maxsize=8)
 def locks_on(*, descendants: bool, include_expired: bool) -> Select[Any]:
-    """Rows of the customer ``c_id`` on the paths ``on_paths`` (a path, and
-    its ancestors if asked for), and with ``descendants`` on the paths from
+    """Rows of the customer ``c_id`` on the path ``on_path``, on the paths
+    ``above_paths`` (its ancestors, if asked for: ``['']`` if not) that
+    cover their subtree, and with ``descendants`` on the paths from
     ``below_low`` up to ``below_high`` (see :func:`descendants_range`): the
     (customer, path) index, by path."""
     where: list[ColumnElement[bool]] = [
-        path_locks.c.path.in_(bindparam("on_paths", expanding=True))
+        path_locks.c.path == bindparam("on_path"),
+        and_(
+            path_locks.c.path.in_(bindparam("above_paths", expanding=True)),
+            path_locks.c.shallow == false(),
+        ),
     ]
     if descendants:
         where.append(

@@ -35,7 +35,14 @@ from sqlalchemy.exc import DBAPIError
 
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
-from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
+from pathlock._fairness import (
+    Locked,
+    deadlock_party,
+    may_conflict,
+    requests_conflict,
+    waiters_ahead,
+    with_depth,
+)
 from pathlock._polls import Ask, SharedPolls
 from pathlock._records import (
     Blocked,
@@ -207,7 +214,7 @@ class _Picture:
             )
             picture = cls.judged(connection, request, ticket, parameters, replies)
         else:
-            form = shape(request.paths)
+            form = shape(request.paths, request.shallow)
             blocking = connection.execute(blockers_query(form), parameters).all()
             in_the_way = None
             if form.spelled:
@@ -237,7 +244,7 @@ class _Picture:
         request: GrantRequest, parameters: dict[str, Any]
     ) -> list[tuple[Any, dict[str, Any]]]:
         """The reads of a picture, as steps of a batch (:func:`batch.run`)."""
-        form = shape(request.paths)
+        form = shape(request.paths, request.shallow)
         # The queue, read whole, is judged where the requests in the way are
         # not asked for (see _judge).
         queue: list[tuple[Any, dict[str, Any]]] = [(LIVE_WAITER_ITEMS, parameters)]
@@ -331,8 +338,9 @@ class _Picture:
         queued = [waiter_info(row) for row in queue]
         ahead: list[WaiterInfo] = []
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
-        if any(requests_conflict(info.paths, request.paths) for info in earlier):
-            ahead = waiters_ahead(request.paths, earlier, owner_locks.get())
+        mine = request.locked()
+        if any(requests_conflict(with_depth(info.paths, info.shallow), mine) for info in earlier):
+            ahead = waiters_ahead(mine, earlier, owner_locks.get())
         # The youngest, as many as the read of the requests in the way
         # returns (see MAX_AHEAD).
         complete = len(queue) < MAX_WAITERS and len(ahead) <= MAX_AHEAD
@@ -356,7 +364,7 @@ class _OwnerLocks:
         self._rows: Sequence[Sequence[Any]] | None = None
 
     def known(self, rows: Sequence[Sequence[Any]]) -> None:
-        """The locks, read already: (path, mode, lease id) each."""
+        """The locks, read already: (path, mode, lease id, shallow) each."""
         self._rows = rows
 
     def held(self) -> bool:
@@ -365,9 +373,13 @@ class _OwnerLocks:
         whole queue."""
         return bool(self._read())
 
-    def get(self) -> list[PathMode]:
+    def get(self) -> list[Locked]:
         abandoned = self._abandoned
-        return [(path, mode) for path, mode, lease_id in self._read() if lease_id not in abandoned]
+        return [
+            (path, mode, bool(shallow))
+            for path, mode, lease_id, shallow in self._read()
+            if lease_id not in abandoned
+        ]
 
     def _read(self) -> Sequence[Sequence[Any]]:
         if self._rows is None:
@@ -546,7 +558,7 @@ class Store:
         batch, before its time starts to run (see :func:`batch.prepare`)."""
         dialect = self.router.nodes[0].engine.dialect
         if self.dialect.batches:
-            form = shape(request.paths)
+            form = shape(request.paths, request.shallow)
             if form in self._prepared:
                 return  # a request of this shape prepared them moments ago
             if len(self._prepared) >= _PREPARED_KEPT:
@@ -556,7 +568,7 @@ class Store:
             batch.prepare(grant_statement(form, queued=True), dialect)
             if batch.may_commit(dialect):
                 batch.prepare(LEAN_CLAIM, dialect)
-                batch.prepare(lean_grant(len(request.paths)), dialect)
+                batch.prepare(lean_grant(len(request.paths), bool(request.shallow)), dialect)
                 for fresh in (True, False):
                     statement = grant_statement(
                         form, queued=True, sentinel_after=True, fresh=fresh, after_lock=True
@@ -687,7 +699,10 @@ class Store:
         parameters.update(self._until())
         claimed, granted = batch.run(
             connection,
-            [(LEAN_CLAIM, parameters), (lean_grant(len(request.paths)), parameters)],
+            [
+                (LEAN_CLAIM, parameters),
+                (lean_grant(len(request.paths), bool(request.shallow)), parameters),
+            ],
             commit=True,
         )
         if not claimed.rowcount:
@@ -712,7 +727,7 @@ class Store:
             (LOCK_SENTINEL, {"c_id": customer}),
             (
                 grant_statement(
-                    shape(request.paths),
+                    shape(request.paths, request.shallow),
                     queued=True,
                     sentinel_after=True,
                     fresh=first,
@@ -766,7 +781,7 @@ class Store:
         parameters = self._grant_parameters(request, None)
         parameters.update(self._tx.claim_parameters(customer))
         parameters.update(waiter_parameters(request, self.settings.waiter_ttl))
-        form = shape(request.paths)
+        form = shape(request.paths, request.shallow)
         steps: list[tuple[Any, dict[str, Any]]] = [
             (SET_GRANT_UNTIL, self._until()),
             (LOCK_AND_READ_SENTINEL, {"c_id": customer}),
@@ -779,7 +794,7 @@ class Store:
             (CLAIM_IF_GRANTED, parameters),
             (enqueue_if_blocked(form), parameters),
             (WAITER_QUEUED, parameters),
-            (enqueue_paths(form.paths), parameters),
+            (enqueue_paths(form.paths, form.shallow), parameters),
             *_Picture.steps(request, parameters),
         ]
         _until, locked, granted, claimed, enqueued, _, _paths, *reads = batch.run(
@@ -839,7 +854,7 @@ class Store:
         parameters = self._grant_parameters(request, ticket)
         steps: list[tuple[Any, dict[str, Any]]] = [
             (CLAIM, self._tx.claim_parameters(request.customer_id)),
-            (grant_statement(shape(request.paths), queued=True), parameters),
+            (grant_statement(shape(request.paths, request.shallow), queued=True), parameters),
             (LOCKS_ADDED, parameters),
         ]
         dequeued = not denied and ticket is not None
@@ -929,7 +944,7 @@ class Store:
                 [
                     (ENQUEUE, waiter_parameters(request, self.settings.waiter_ttl)),
                     (WAITER_QUEUED, parameters),
-                    (enqueue_paths(len(request.paths)), parameters),
+                    (enqueue_paths(len(request.paths), bool(request.shallow)), parameters),
                     (UNBUMP, {"c_id": request.customer_id}),
                 ],
             )
@@ -971,7 +986,7 @@ class Store:
         *,
         queued: bool,
     ) -> bool:
-        statement = grant_statement(shape(request.paths), queued=queued)
+        statement = grant_statement(shape(request.paths, request.shallow), queued=queued)
         inserted = connection.execute(statement, parameters).rowcount
         if not cls._all_or_none(connection, request, inserted):
             return False
@@ -1379,7 +1394,7 @@ class Store:
             return True, None  # unreadable (written by hand): move the version
         head = queued[0]
         if released is not None:
-            first = next((info for info in queued if requests_conflict(info.paths, released)), None)
+            first = next((info for info in queued if may_conflict(info.paths, released)), None)
             if first is None:
                 # Nobody read waited for these paths; those not read may have.
                 return len(queued) >= HAND_OVER_WAITERS, None
@@ -1519,7 +1534,7 @@ class Store:
         return (
             handed is not None
             and time.monotonic() - handed[0] < QUEUED_FOR
-            and requests_conflict(handed[1], request.paths)
+            and may_conflict(handed[1], request.paths)
         )
 
     def _handing_to(self, customer_id: int, heir: _Heir) -> list[tuple[Any, dict[str, Any]]]:
@@ -1534,12 +1549,13 @@ class Store:
             owner=head.owner,
             reason=head.reason,
             ttl=heir.term_us / 1_000_000,
+            shallow=head.shallow,
         )
         parameters = self._grant_parameters(request, head.ticket)
         claim = self._tx.claim_parameters(customer_id)
         parameters.update(claim)
         statement = grant_statement(
-            shape(request.paths), queued=True, sentinel_after=True, handed=True
+            shape(request.paths, request.shallow), queued=True, sentinel_after=True, handed=True
         )
         ticket = {"c_id": customer_id, "l_id": head.lease_id, "w_ticket": head.ticket}
         # WAITERS_REMOVED matches a row only where the queue row was deleted:
@@ -1583,7 +1599,7 @@ class Store:
         heir = self._heirs.pop(lease_id, None)
         if heir is None or not _well_formed(heir.request.paths):
             return True, None
-        if released is not None and not requests_conflict(heir.request.paths, released):
+        if released is not None and not may_conflict(heir.request.paths, released):
             return True, None
         return True, heir
 

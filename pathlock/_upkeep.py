@@ -102,11 +102,13 @@ class Upkeep:
         include_expired: bool,
     ) -> list[LockInfo]:
         """Rows of ``customer_id`` on the normalized ``path``, on its
-        ``ancestors`` and on its ``descendants`` (as asked), by path: one
-        indexed read."""
+        ``ancestors`` (those that cover their subtree) and on its
+        ``descendants`` (as asked), by path: one indexed read."""
         parameters: dict[str, Any] = {
             "c_id": customer_id,
-            "on_paths": [*ancestors_of(path), path] if ancestors else [path],
+            "on_path": path,
+            # No path is '': an empty list would be a subquery of its own.
+            "above_paths": (ancestors_of(path) if ancestors else []) or [""],
         }
         if descendants:
             parameters["below_low"], parameters["below_high"] = descendants_range(path)

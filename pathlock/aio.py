@@ -470,6 +470,7 @@ class AsyncCustomerLocks:
         self,
         *paths: str,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         timeout: float | None = None,
         reason: str = "",
         ttl: float | None = None,
@@ -492,6 +493,7 @@ class AsyncCustomerLocks:
             "owner": owner,
             "blocking": True,
             "data": data,
+            "shallow": shallow,
         }
         return LockRequest(self.manager._request(self.customer_id, paths, options))
 
@@ -499,6 +501,7 @@ class AsyncCustomerLocks:
         self,
         *paths: str,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         reason: str = "",
         ttl: float | None = None,
         on_lost: AsyncLostCallback | None = None,
@@ -515,6 +518,7 @@ class AsyncCustomerLocks:
             "owner": owner,
             "blocking": False,
             "data": data,
+            "shallow": shallow,
         }
         return await self.manager._request(self.customer_id, paths, options)
 
@@ -523,6 +527,7 @@ class AsyncCustomerLocks:
         *paths: str,
         ttl: float,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         timeout: float | None = None,
         reason: str = "",
         data: bytes | str | None = None,
@@ -537,6 +542,7 @@ class AsyncCustomerLocks:
             "timeout": timeout,
             "reason": reason,
             "data": data,
+            "shallow": shallow,
         }
         lease = await self.manager._detached(self.customer_id, paths, options | {"blocking": True})
         if lease is None:  # pragma: no cover - a blocking acquire returns or raises
@@ -548,11 +554,19 @@ class AsyncCustomerLocks:
         *paths: str,
         ttl: float,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         reason: str = "",
         data: bytes | str | None = None,
     ) -> DetachedLease | None:
         """One attempt at :meth:`lock_detached`; ``None`` if anything conflicts."""
-        options = {"shared": shared, "ttl": ttl, "timeout": 0, "reason": reason, "data": data}
+        options = {
+            "shared": shared,
+            "shallow": shallow,
+            "ttl": ttl,
+            "timeout": 0,
+            "reason": reason,
+            "data": data,
+        }
         return await self.manager._detached(self.customer_id, paths, options | {"blocking": False})
 
     async def renew_detached(self, lease_id: str, *, ttl: float) -> LeaseInfo:
@@ -691,6 +705,11 @@ class AsyncLease:
     def paths(self) -> tuple[PathMode, ...]:
         """The normalized (path, mode) pairs held, sorted by path."""
         return self._lease.paths
+
+    @property
+    def shallow(self) -> frozenset[str]:
+        """The paths among :attr:`paths` held at depth 0 (``shallow=``)."""
+        return self._lease.shallow
 
     @property
     def fencing_token(self) -> int:

@@ -29,6 +29,7 @@ class CustomerLocks:
         self,
         *paths: str,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         timeout: float | None = None,
         reason: str = "",
         ttl: float | None = None,
@@ -42,6 +43,15 @@ class CustomerLocks:
         Positional paths are locked exclusive, ``shared`` ones shared. A lock
         covers the path's whole subtree and conflicts with locks on the same
         path, its ancestors and its descendants (shared + shared excepted).
+
+        Paths named in ``shallow`` are locked at depth 0 (WebDAV's ``Depth:
+        0``): the path alone, not what is below it. Such a lock conflicts with
+        locks on the same path and with those of its ancestors that cover
+        their subtree, never with locks on its descendants; a lock on an
+        ancestor at depth 0 does not reach it either. A ``shallow`` path is
+        shared if it is also in ``shared`` (and not among the positional
+        ones), else exclusive: ``lock_paths(shallow=["/Shared"])`` locks
+        ``/Shared`` alone, exclusive.
         ``timeout=None`` waits without limit, ``0`` makes one attempt; on expiry
         :class:`LockTimeout` names the holders (or the queued requests) that
         blocked the last attempt.
@@ -91,6 +101,7 @@ class CustomerLocks:
                 owner=owner,
                 cancel=cancel,
                 data=data,
+                shallow=shallow,
             )
         )
 
@@ -98,6 +109,7 @@ class CustomerLocks:
         self,
         *paths: str,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         reason: str = "",
         ttl: float | None = None,
         on_lost: LostCallback | None = None,
@@ -118,6 +130,7 @@ class CustomerLocks:
             on_lost=on_lost,
             owner=owner,
             data=data,
+            shallow=shallow,
         )
 
     def lock_detached(
@@ -125,6 +138,7 @@ class CustomerLocks:
         *paths: str,
         ttl: float,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         timeout: float | None = None,
         reason: str = "",
         cancel: Cancel | None = None,
@@ -162,6 +176,7 @@ class CustomerLocks:
                 blocking=True,
                 cancel=cancel,
                 data=data,
+                shallow=shallow,
             )
         )
 
@@ -170,6 +185,7 @@ class CustomerLocks:
         *paths: str,
         ttl: float,
         shared: Iterable[str] = (),
+        shallow: Iterable[str] = (),
         reason: str = "",
         data: bytes | str | None = None,
     ) -> DetachedLease | None:
@@ -184,6 +200,7 @@ class CustomerLocks:
             reason=reason,
             blocking=False,
             data=data,
+            shallow=shallow,
         )
 
     def renew_detached(self, lease_id: str, *, ttl: float) -> LeaseInfo:
@@ -221,9 +238,11 @@ class CustomerLocks:
     ) -> list[LockInfo]:
         """The locks of this customer on ``path`` (any lease, any owner), by
         path: those on the path itself; with ``ancestors`` (the default) also
-        those on its ancestors, which cover it; with ``descendants`` also
-        those on every path below it. A lock conflicts with a request for
-        ``path`` if it is among all three and either of them is exclusive.
+        those on its ancestors that cover their subtree, and so reach it
+        (not those at depth 0); with ``descendants`` also those on every path
+        below it. A lock conflicts with a request for ``path`` if it is among
+        all three (among the first two for a request at depth 0) and either
+        of them is exclusive.
         One indexed query, however many locks the customer has; expired
         rows the reaper has not deleted yet only with ``include_expired``."""
         return self.manager._locks_on(

@@ -154,6 +154,7 @@ class Lease:
         first_term: float | None = None,
         on_lost: tuple[LostCallback, ...] = (),
         emitter: events.Emitter = events.SILENT,
+        shallow: frozenset[str] = frozenset(),
     ) -> None:
         self._keeper = keeper
         self._events = emitter
@@ -164,6 +165,9 @@ class Lease:
         """Random, unguessable id: the secret that authorises release and renewal."""
         self.paths = paths
         """The normalized (path, mode) pairs held, sorted by path."""
+        self.shallow = shallow
+        """The paths among :attr:`paths` held at depth 0 (``shallow=``): the
+        path alone, not its subtree."""
         self.fencing_token = fencing_token
         """Strictly increasing per customer over grants."""
         self.owner = owner

@@ -57,11 +57,11 @@ from pathlock.errors import (
     SchemaMismatch,
 )
 from pathlock.lease import Lease, LostCallback
-from pathlock.paths import normalize, normalize_request
+from pathlock.paths import normalize, normalize_request, normalize_shallow
 from pathlock.schema import REVISION, REVISIONS, create_tables, metadata
 from pathlock.settings import Settings
 from pathlock.settings import checked as checked_settings
-from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Owner, WaiterInfo
+from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Owner, PathMode, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+_NONE_SHALLOW: frozenset[str] = frozenset()  # a request with no path at depth 0
 
 CLOSED_WHILE_HELD = "the PathLockManager was closed while the lease was held"
 RELEASED_BY_OWNER = "release_locks() of its owner released it while it was held"
@@ -793,11 +795,12 @@ class PathLockManager:
         cancel: object = None,
         holder: Owner | None = None,
         data: object = None,
+        shallow: object = (),
     ) -> Lease | None:
         """A request (see :meth:`CustomerLocks.lock_paths`); ``holder``: the
         owner, found by the caller already (the asyncio API finds it in the
         caller's task)."""
-        paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
+        paths, depth_0 = self._request_paths(exclusive, shared, shallow)
         wait_limit = validation.timeout(timeout) if blocking else 0.0
         event = validation.cancel(cancel)
         request = GrantRequest(
@@ -809,6 +812,7 @@ class PathLockManager:
             ttl=self.ttl if ttl is None else validation.ttl(ttl),
             abandoned=self._abandoned_leases(),
             data=lease_data(validation.data(data)),
+            shallow=depth_0,
         )
         callbacks = () if on_lost is None else (on_lost,)
 
@@ -828,6 +832,18 @@ class PathLockManager:
             self._undelivered(request)
             raise
 
+    def _request_paths(
+        self, exclusive: object, shared: object, shallow: object
+    ) -> tuple[tuple[PathMode, ...], frozenset[str]]:
+        """A request's normalized (path, mode) pairs and those of its paths
+        locked at depth 0 (see :meth:`CustomerLocks.lock_paths`)."""
+        folded = self.case_insensitive
+        depth_0 = _NONE_SHALLOW
+        if shallow != ():  # given (the default is the empty tuple)
+            depth_0 = normalize_shallow(shallow, case_insensitive=folded)
+        paths = normalize_request(exclusive, shared, shallow=depth_0, case_insensitive=folded)
+        return paths, depth_0
+
     def _acquire_detached(
         self,
         customer_id: int,
@@ -840,11 +856,12 @@ class PathLockManager:
         blocking: bool,
         cancel: object = None,
         data: object = None,
+        shallow: object = (),
     ) -> DetachedLease | None:
         """A request for a detached lease (see
         :meth:`CustomerLocks.lock_detached`): granted as every request is,
         then kept by nobody."""
-        paths = normalize_request(exclusive, shared, case_insensitive=self.case_insensitive)
+        paths, depth_0 = self._request_paths(exclusive, shared, shallow)
         wait_limit = validation.timeout(timeout) if blocking else 0.0
         event = validation.cancel(cancel)
         lease_id = secrets.token_hex(16)
@@ -859,13 +876,16 @@ class PathLockManager:
             ttl=validation.ttl(ttl),
             abandoned=frozenset(),
             data=lease_data(validation.data(data)),
+            shallow=depth_0,
         )
 
         granted: list[DetachedLease] = []
 
         def detached(token: int, _started: float, _term: float | None) -> DetachedLease:
             granted.append(
-                DetachedLease(customer_id, lease_id, paths, token, request.ttl, request.reason)
+                DetachedLease(
+                    customer_id, lease_id, paths, token, request.ttl, request.reason, depth_0
+                )
             )
             return granted[0]
 
@@ -1252,6 +1272,7 @@ class PathLockManager:
             first_term=term,
             on_lost=(*on_lost, *self._on_lost),
             emitter=self._events,
+            shallow=request.shallow,
         )
         with self._leases_lock:
             closed = self._closed
@@ -1443,6 +1464,7 @@ def _lease_info(read: LeaseRows) -> LeaseInfo | None:
         created_at=first.created_at,
         expires_at=min(row.expires_at for row in rows),
         data=read.data,
+        shallow=frozenset(row.path for row in rows if row.shallow),
     )
 
 

@@ -1,8 +1,9 @@
 """Path normalization and the hierarchy relations, as pure functions.
 
-A lock on a path covers the path and its whole subtree. Two locks overlap when
-their paths are equal or one is an ancestor of the other; siblings and paths
-that merely share a prefix (``/a`` and ``/ab``) never overlap.
+A lock on a path covers the path and its whole subtree, unless it is at depth
+0 (shallow): then the path alone. Two locks overlap when their paths are
+equal, or one is an ancestor of the other and covers its subtree; siblings and
+paths that merely share a prefix (``/a`` and ``/ab``) never overlap.
 
 Nothing here touches the database: bad input raises :class:`InvalidPath` before
 any statement runs.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from collections.abc import Set as AbstractSet
 
 from pathlock.errors import InvalidPath, InvalidPathType, RequestTooLarge
 from pathlock.types import EXCLUSIVE, SHARED, Mode, PathMode
@@ -143,12 +145,21 @@ def descendants_range(path: str) -> tuple[str, str]:
     return low, low[:-1] + "0"
 
 
-def overlaps(first: str, second: str) -> bool:
-    """True when two normalized paths are equal or one contains the other."""
-    if first == second or "/" in (first, second):
+def overlaps(
+    first: str, second: str, first_shallow: bool = False, second_shallow: bool = False
+) -> bool:
+    """True when locks on two normalized paths meet: the paths are equal, or
+    one contains the other and its lock covers its subtree (a lock at depth
+    0, ``*_shallow``, covers the path alone)."""
+    if first == second:
         return True
-    shorter, longer = sorted((first, second), key=len)
-    return longer.startswith(shorter + "/")
+    if len(first) > len(second):
+        first, second, first_shallow = second, first, second_shallow
+    # `first` is the shorter: it meets `second` if it is an ancestor and its
+    # lock covers its subtree.
+    if first_shallow:
+        return False
+    return first == "/" or second.startswith(first + "/")
 
 
 def compatible(first: Mode, second: Mode) -> bool:
@@ -156,20 +167,28 @@ def compatible(first: Mode, second: Mode) -> bool:
     return first == SHARED and second == SHARED
 
 
-def conflicts(first: PathMode, second: PathMode) -> bool:
-    """True when locks on these two (path, mode) pairs cannot be held together."""
-    return not compatible(first[1], second[1]) and overlaps(first[0], second[0])
+def conflicts(
+    first: PathMode, second: PathMode, first_shallow: bool = False, second_shallow: bool = False
+) -> bool:
+    """True when locks on these two (path, mode) pairs cannot be held together
+    (``*_shallow``: the lock is at depth 0)."""
+    return not compatible(first[1], second[1]) and overlaps(
+        first[0], second[0], first_shallow, second_shallow
+    )
 
 
 def normalize_request(
     exclusive: object,
     shared: object,
     *,
+    shallow: AbstractSet[str] = frozenset(),
     case_insensitive: bool = False,
 ) -> tuple[PathMode, ...]:
     """Normalize the paths of one request into sorted, unique (path, mode) pairs.
 
     A path asked for in both modes is locked exclusive (the stronger mode).
+    A path of ``shallow`` (normalized already: see :func:`normalize_shallow`)
+    that is in neither is locked exclusive.
     An empty request is an error: there would be nothing to hold. A request
     of more than :data:`MAX_REQUEST_PATHS` paths, or of more than
     :data:`MAX_REQUEST_CHARACTERS` characters of paths in total, raises
@@ -184,12 +203,32 @@ def normalize_request(
             # Checked as paths come in: a huge iterable is refused early.
             if len(modes) > MAX_REQUEST_PATHS:
                 raise RequestTooLarge("paths", MAX_REQUEST_PATHS)
+    if shallow:
+        for path in shallow:
+            modes.setdefault(path, EXCLUSIVE)
+        if len(modes) > MAX_REQUEST_PATHS:
+            raise RequestTooLarge("paths", MAX_REQUEST_PATHS)
     if not modes:
         raise InvalidPath((), "no paths requested")
     characters = sum(len(path) for path in modes)
     if characters > MAX_REQUEST_CHARACTERS:
         raise RequestTooLarge("characters", MAX_REQUEST_CHARACTERS, characters)
     return tuple(sorted(modes.items()))
+
+
+def normalize_shallow(shallow: object, *, case_insensitive: bool = False) -> frozenset[str]:
+    """The normalized paths of ``shallow``: those of a request locked at depth
+    0, on the path alone, not on its subtree (WebDAV's ``Depth: 0``). Such
+    a lock meets locks on the same path and those on its ancestors that
+    cover their subtree, never those on its descendants."""
+    if isinstance(shallow, (str, bytes, os.PathLike)) or not _is_iterable(shallow):
+        raise InvalidPathType(shallow, "expected an iterable of path strings")
+    paths: set[str] = set()
+    for raw in shallow:  # type: ignore[attr-defined]
+        paths.add(normalize(raw, case_insensitive=case_insensitive))
+        if len(paths) > MAX_REQUEST_PATHS:
+            raise RequestTooLarge("paths", MAX_REQUEST_PATHS)
+    return frozenset(paths)
 
 
 def _is_iterable(value: object) -> bool:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 # read from that directory when pathlock is imported: on a server the library
 # never loads its migrations (a DBA runs them), so it runs today where they
 # are not files it could read (a zip, a frozen application, .pyc only).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 REVISION = REVISIONS[-1]
@@ -94,6 +94,14 @@ def _lease_data() -> Column[bytes]:
     # where none was given). One byte says what it was: 0 bytes, 1 text
     # (UTF-8), then the value (pathlock._records.lease_data).
     return Column("data", _LongBinary, nullable=True)
+
+
+def _shallow() -> Column[bool]:
+    # Whether the lock (or the queued request's path) is on the path alone,
+    # at depth 0, rather than on its subtree (revision 0010): it meets rows on
+    # the same path and rows on its ancestors that cover their subtree, and
+    # does not reach below its path. False on rows written before it.
+    return Column("shallow", Boolean, nullable=False, server_default="0")
 
 
 def _owner_key() -> Column[str]:
@@ -153,6 +161,7 @@ path_locks = Table(
     Column("expires_at", _Timestamp, nullable=False),
     _owner_key(),
     _lease_data(),
+    _shallow(),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
     # The conflict query: one customer, exact paths (self and ancestors) and
     # ranges of descendants (LIKE 'prefix/%').
@@ -171,7 +180,8 @@ path_lock_waiters = Table(
     Column("ticket", _BigId, primary_key=True, autoincrement=True),
     Column("customer_id", BigInteger, nullable=False),
     Column("lease_id", String(LEASE_ID_LENGTH), nullable=False),
-    # JSON list of [path, mode] pairs: a request is read and compared as a whole.
+    # JSON list of [path, mode] pairs ([path, mode, 0] at depth 0): a request
+    # is read and compared as a whole.
     # MEDIUMTEXT on MySQL: TEXT's 64 KiB is less than a valid request may need.
     Column("paths", _LongText, nullable=False),
     *_owner_columns(),
@@ -212,6 +222,7 @@ path_lock_waiter_paths = Table(
     Column("customer_id", BigInteger, nullable=False),
     Column("path", String(MAX_PATH_LENGTH), nullable=False),
     Column("mode", String(9), nullable=False),
+    _shallow(),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
     Index(None, "customer_id", "path", **PATH_INDEX),
     Index(None, "ticket"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
@@ -44,10 +45,13 @@ def shorten(path: str) -> str:
     return f"{path[:60]}...{path[-40:]} ({len(path)} characters)"
 
 
-def describe_paths(paths: Sequence[PathMode]) -> str:
-    """``/a (exclusive), /b (shared)`` for messages, long paths and long lists
-    shortened."""
-    text = ", ".join(f"{shorten(path)} ({mode})" for path, mode in paths[:_PATHS_SHOWN])
+def describe_paths(paths: Sequence[PathMode], shallow: AbstractSet[str] = frozenset()) -> str:
+    """``/a (exclusive), /b (shared, depth 0)`` for messages, long paths and
+    long lists shortened; ``shallow``: the paths locked at depth 0."""
+    text = ", ".join(
+        f"{shorten(path)} ({mode}{', depth 0' if path in shallow else ''})"
+        for path, mode in paths[:_PATHS_SHOWN]
+    )
     if len(paths) > _PATHS_SHOWN:
         text += f" and {len(paths) - _PATHS_SHOWN} more"
     return text
@@ -119,10 +123,14 @@ class LockInfo:
     fencing_token: int
     created_at: datetime
     expires_at: datetime
+    shallow: bool = False
+    """Whether the lock is on the path alone, at depth 0 (``shallow=`` of
+    :meth:`CustomerLocks.lock_paths`), not on its subtree."""
 
     def describe(self) -> str:
         """One line for messages: path, mode, owner and reason."""
-        text = f"{shorten(self.path)} ({self.mode}) held by {self.owner}"
+        depth = ", depth 0" if self.shallow else ""
+        text = f"{shorten(self.path)} ({self.mode}{depth}) held by {self.owner}"
         if self.reason:
             text += f" for {self.reason!r}"
         return text
@@ -144,10 +152,12 @@ class DetachedLease:
     ttl: float
     """Seconds it lasts from its grant unless renewed."""
     reason: str
+    shallow: frozenset[str] = frozenset()
+    """The paths among ``paths`` locked at depth 0 (``shallow=``)."""
 
     def describe_paths(self) -> str:
         """The lease's paths and modes, for messages."""
-        return describe_paths(self.paths)
+        return describe_paths(self.paths, self.shallow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +176,8 @@ class LeaseInfo:
     expires_at: datetime
     data: bytes | str | None = None
     """The data its request gave (``data=``), bytes or text as given."""
+    shallow: frozenset[str] = frozenset()
+    """The paths among ``paths`` locked at depth 0 (``shallow=``)."""
 
     @property
     def detached(self) -> bool:
@@ -174,7 +186,7 @@ class LeaseInfo:
 
     def describe_paths(self) -> str:
         """The lease's paths and modes, for messages."""
-        return describe_paths(self.paths)
+        return describe_paths(self.paths, self.shallow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +202,13 @@ class WaiterInfo:
     reason: str
     created_at: datetime
     expires_at: datetime
+    shallow: frozenset[str] = frozenset()
+    """The paths among ``paths`` requested at depth 0 (``shallow=``)."""
 
     def describe(self) -> str:
         """One line for messages: ticket, paths, owner and reason."""
-        text = f"ticket {self.ticket}: {describe_paths(self.paths)} requested by {self.owner}"
+        paths = describe_paths(self.paths, self.shallow)
+        text = f"ticket {self.ticket}: {paths} requested by {self.owner}"
         if self.reason:
             text += f" for {self.reason!r}"
         return text

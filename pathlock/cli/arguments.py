@@ -332,7 +332,10 @@ def _add_lock(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         summary="run a command while holding locks on paths, like flock(1)",
         epilog=LOCK_EPILOG,
     )
-    parser.usage = "%(prog)s [options] [PATH ...] [--shared PATH ...] -- COMMAND [ARG ...]"
+    parser.usage = (
+        "%(prog)s [options] [PATH ...] [--shared PATH ...] [--shallow PATH ...]"
+        " -- COMMAND [ARG ...]"
+    )
     parser.set_defaults(failure_status=EXIT_FAILURE)
     parser.add_argument("paths", nargs="*", metavar="PATH", help="a path to lock exclusive")
     parser.add_argument(
@@ -341,6 +344,14 @@ def _add_lock(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         default=[],
         metavar="PATH",
         help="a path to lock shared (repeatable)",
+    )
+    parser.add_argument(
+        "--shallow",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a path to lock at depth 0: the path alone, not what is below it; shared if "
+        "also given with --shared, else exclusive (repeatable)",
     )
     parser.add_argument(
         "--customer", type=_customer, default=0, metavar="N", help="the customer id (default: 0)"

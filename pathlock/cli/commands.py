@@ -172,11 +172,12 @@ def _lock(args: argparse.Namespace) -> int:
     started = time.monotonic()  # --timeout counts from here
     if not args.command:
         args.usage_error("give the command to run after --")
-    if not args.paths and not args.shared:
-        args.usage_error("give at least one PATH or --shared PATH to lock")
+    if not args.paths and not args.shared and not args.shallow:
+        args.usage_error("give at least one PATH, --shared PATH or --shallow PATH to lock")
     request = LockRequest(
         exclusive=args.paths,
         shared=args.shared,
+        shallow=args.shallow,
         timeout=args.timeout,
         deadline=None if args.timeout is None else started + args.timeout,
         ttl=args.ttl,

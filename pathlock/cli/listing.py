@@ -46,6 +46,12 @@ class Entry:
     fencing_token: int | None  # waiting requests have none yet
     created_at: datetime
     expires_at: datetime
+    shallow: bool = False  # at depth 0: the path alone
+
+    @property
+    def shown_mode(self) -> str:
+        """The mode as shown: ``exclusive``, ``shared (depth 0)``, ..."""
+        return f"{self.mode} (depth 0)" if self.shallow else self.mode
 
 
 def entries(locks: Iterable[LockInfo], waiters: Iterable[WaiterInfo], now: datetime) -> list[Entry]:
@@ -62,6 +68,7 @@ def entries(locks: Iterable[LockInfo], waiters: Iterable[WaiterInfo], now: datet
             fencing_token=lock.fencing_token,
             created_at=lock.created_at,
             expires_at=lock.expires_at,
+            shallow=lock.shallow,
         )
         for lock in locks
     ]
@@ -77,6 +84,7 @@ def entries(locks: Iterable[LockInfo], waiters: Iterable[WaiterInfo], now: datet
             fencing_token=None,
             created_at=waiter.created_at,
             expires_at=waiter.expires_at,
+            shallow=path in waiter.shallow,
         )
         for waiter in waiters
         for path, mode in waiter.paths
@@ -119,7 +127,7 @@ def table(rows: Sequence[Entry], now: datetime) -> list[str]:
         (
             str(entry.customer_id),
             entry.path,
-            entry.mode,
+            entry.shown_mode,
             entry.state,
             str(entry.owner),
             duration((now - entry.created_at).total_seconds()),
@@ -148,8 +156,8 @@ class _Node:
 def _annotation(entry: Entry, now: datetime) -> str:
     if entry.state == "waiting":
         waited = duration((now - entry.created_at).total_seconds())
-        return f"waiting for {entry.mode}, {entry.owner}, for {waited}"
-    return f"{entry.mode}, {entry.owner}, {_time_left(entry, now)}" + (
+        return f"waiting for {entry.shown_mode}, {entry.owner}, for {waited}"
+    return f"{entry.shown_mode}, {entry.owner}, {_time_left(entry, now)}" + (
         " left" if entry.state == "held" else ""
     )
 
@@ -206,6 +214,7 @@ def as_json(rows: Sequence[Entry], now: datetime) -> str:
                 "customer_id": entry.customer_id,
                 "path": entry.path,
                 "mode": entry.mode,
+                "shallow": entry.shallow,
                 "state": entry.state,
                 "owner": {
                     "node_id": entry.owner.node_id,

@@ -63,6 +63,7 @@ class LockRequest:
 
     exclusive: Sequence[str]
     shared: Sequence[str]
+    shallow: Sequence[str]
     timeout: float | None
     deadline: float | None
     """When --timeout runs out (``time.monotonic()``): it counts from
@@ -180,6 +181,7 @@ def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> L
         ", ".join(
             [f"{path} (exclusive)" for path in request.exclusive]
             + [f"{path} (shared)" for path in request.shared]
+            + [f"{path} (depth 0)" for path in request.shallow]
         ),
         locks.customer_id,
     )
@@ -191,6 +193,7 @@ def _acquire(locks: CustomerLocks, request: LockRequest, signals: _Signals) -> L
         lease = locks.lock_paths(
             *request.exclusive,
             shared=request.shared,
+            shallow=request.shallow,
             timeout=(
                 None if request.deadline is None else max(0.0, request.deadline - time.monotonic())
             ),

@@ -34,6 +34,7 @@ from tests.integration import fault_worker
 from tests.integration.fault_worker import FaultSpec
 from tests.integration.test_stress import (
     SEED,
+    Atom,
     Hold,
     assert_safe,
     atoms_conflict,
@@ -192,7 +193,7 @@ class Workload:
 class DeadLease:
     lease_id: str
     token: int
-    paths: list[tuple[str, str]]
+    paths: list[Atom]
     expiry: float  # monotonic: no later than the lease's expiry in the database
 
 
@@ -210,7 +211,7 @@ class Kill:
 
 
 _DEAD_LOCKS = text(
-    "SELECT lease_id, path, mode, fencing_token, "
+    "SELECT lease_id, path, mode, shallow, fencing_token, "
     "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS remaining_us "
     "FROM path_locks WHERE customer_id = :c AND node_id = :n "
     # An expired row blocks nobody: it is no hold (a grant whose reply the
@@ -242,7 +243,7 @@ def read_remains(engine: Engine, customer_id: int, worker: Worker, aimed_at: str
         lease = leases.setdefault(
             row.lease_id, DeadLease(row.lease_id, int(row.fencing_token), [], expiry)
         )
-        lease.paths.append((row.path, row.mode))
+        lease.paths.append((row.path, row.mode, bool(row.shallow)))
         lease.expiry = min(lease.expiry, expiry)
     return Kill(
         worker=worker.spec.index,
@@ -258,7 +259,7 @@ def read_remains(engine: Engine, customer_id: int, worker: Worker, aimed_at: str
 
 
 _SNAPSHOT = text(
-    "SELECT lease_id, path, mode, reason, "
+    "SELECT lease_id, path, mode, shallow, reason, "
     "expires_at > TIMESTAMPADD(MICROSECOND, :margin, UTC_TIMESTAMP(6)) AS live "
     "FROM path_locks WHERE customer_id = :c"
 )
@@ -327,7 +328,7 @@ class Monitor:
                 self.foreign.add(lease_id)
             elif sorted(held) != expected:
                 self.partial.append(f"lease {lease_id}: rows {sorted(held)}, asked {expected}")
-        live = [(row.lease_id, (row.path, row.mode)) for row in rows if row.live]
+        live = [(row.lease_id, (row.path, row.mode, bool(row.shallow))) for row in rows if row.live]
         for (first, atom), (second, other) in itertools.combinations(live, 2):
             if first != second and atoms_conflict(atom, other):
                 self.live_conflicts.append(f"{first} {atom} and {second} {other}")
@@ -427,7 +428,7 @@ class _Seen:
             ended, lost = self.ends.get(lease_id), self.losts.get(lease_id)
             hold_end = _hold_end(grant, ended, lost, kill, tally)
             if hold_end is not None:
-                paths = tuple((path, mode) for path, mode in grant["paths"])
+                paths = tuple((path, mode, False) for path, mode in grant["paths"])
                 tally.holds.append(
                     Hold(grant["t_start"], hold_end, worker, lease_id, grant["token"], paths)
                 )
@@ -575,7 +576,12 @@ def settle(database_url: str, customer_id: int, ttl: float = TTL) -> EndState:
             t_end = time.monotonic()
             lease.release()
             probe = Hold(
-                t_start, t_end, -1, lease.lease_id, lease.fencing_token, (("/", "exclusive"),)
+                t_start,
+                t_end,
+                -1,
+                lease.lease_id,
+                lease.fencing_token,
+                (("/", "exclusive", False),),
             )
             time.sleep(max(0.0, asked + wait + 0.1 - time.monotonic()))
             reaped = manager.reap_expired()

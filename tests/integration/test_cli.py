@@ -509,6 +509,44 @@ def test_ls_shows_detached_leases_as_such(
     assert entry["lease_id"] == lease.lease_id
 
 
+_LIST_AND_TRY_BELOW = """
+import json, sys
+from pathlock import PathLockManager
+with PathLockManager(sys.argv[1], heartbeat=False) as manager:
+    locks = manager.for_customer(int(sys.argv[2]))
+    below = locks.try_lock_paths("/Shared/docs/file")
+    beside = locks.try_lock_paths("/Shared/docs")
+    rows = [[lock.path, lock.mode, lock.shallow] for lock in locks.list_locks()]
+    print(json.dumps([below is not None, beside is not None, rows]))
+"""
+
+
+def test_lock_shallow_holds_the_path_alone_and_ls_says_so(
+    database_url: str, customer_id: int, locks: CustomerLocks
+) -> None:
+    result = pathlock(
+        "lock", "--database-url", database_url, "--customer", str(customer_id),
+        "--shallow", "/Shared/docs", "--shared", "/Shared", "--shallow", "/Shared",
+        "--", *python(_LIST_AND_TRY_BELOW, database_url, customer_id),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    below, beside, rows = json.loads(result.stdout)
+    assert (below, beside) == (True, False)
+    assert sorted(map(tuple, rows)) == [
+        ("/Shared", "shared", True),
+        ("/Shared/docs", "exclusive", True),
+        ("/Shared/docs/file", "exclusive", False),
+    ]
+    with locks.lock_paths(shared=["/dav"], shallow=["/dav"], timeout=WAIT):
+        table = pathlock("ls", "--database-url", database_url, "--customer", str(customer_id))
+        listed = pathlock(
+            "ls", "--database-url", database_url, "--customer", str(customer_id), "--json"
+        )
+    assert "/dav  shared (depth 0)  held" in table.stdout, table.stdout
+    ((entry),) = json.loads(listed.stdout)
+    assert (entry["mode"], entry["shallow"]) == ("shared", True)
+
+
 def test_ls_json_shows_each_held_path_with_its_lease(
     database_url: str, customer_id: int, locks: CustomerLocks
 ) -> None:

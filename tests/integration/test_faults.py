@@ -138,8 +138,8 @@ def test_checker_ends_holds_where_their_holders_stopped_relying_on_them(tmp_path
         t_kill=6.0,
         t_read=6.1,
         leases={
-            "killed": DeadLease("killed", 5, [("/a/b", "exclusive")], 9.0),
-            "unrecorded": DeadLease("unrecorded", 7, [("/a_b", "exclusive")], 8.5),
+            "killed": DeadLease("killed", 5, [("/a/b", "exclusive", False)], 9.0),
+            "unrecorded": DeadLease("unrecorded", 7, [("/a_b", "exclusive", False)], 8.5),
         },
         waiters_remaining=[],
     )

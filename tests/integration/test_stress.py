@@ -75,6 +75,8 @@ TREE = (
 # Operations of the tree test that take a detached lease (released by its id
 # through another manager of the worker) instead of an ordinary one.
 DETACHED_SHARE = 0.15
+# Paths of the tree test's requests locked at depth 0 (shallow=).
+SHALLOW_SHARE = 0.3
 COUNTER_PATH = "/counter"
 START_TIMEOUT = 120.0  # seconds for every spawned worker to import and connect
 JOIN_TIMEOUT = 420.0  # seconds for the workers to finish, within the test's timeout
@@ -87,19 +89,35 @@ WAITED = 0.05
 # -- the independent checker ---------------------------------------------------------
 
 
-def paths_overlap(first: str, second: str) -> bool:
-    """Equal, or one lies inside the other (the root contains everything)."""
-    if first == second or "/" in (first, second):
+def _inside(path: str, ancestor: str) -> bool:
+    """Whether ``path`` lies strictly inside ``ancestor`` (the root contains
+    everything else)."""
+    return path != ancestor and (ancestor == "/" or path.startswith(ancestor + "/"))
+
+
+def paths_overlap(
+    first: str, second: str, first_shallow: bool = False, second_shallow: bool = False
+) -> bool:
+    """Equal, or one lies inside the other and the other's lock covers its
+    subtree (a lock at depth 0 covers its path alone)."""
+    if first == second:
         return True
-    return first.startswith(second + "/") or second.startswith(first + "/")
+    return (_inside(second, first) and not first_shallow) or (
+        _inside(first, second) and not second_shallow
+    )
 
 
 def modes_conflict(first: str, second: str) -> bool:
     return not (first == "shared" and second == "shared")
 
 
-def atoms_conflict(first: tuple[str, str], second: tuple[str, str]) -> bool:
-    return modes_conflict(first[1], second[1]) and paths_overlap(first[0], second[0])
+Atom = tuple[str, str, bool]  # path, mode, at depth 0
+
+
+def atoms_conflict(first: Atom, second: Atom) -> bool:
+    return modes_conflict(first[1], second[1]) and paths_overlap(
+        first[0], second[0], first[2], second[2]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +129,8 @@ class Hold:
     worker: int
     lease_id: str
     token: int
-    paths: tuple[tuple[str, str], ...]  # as requested: (path, mode), duplicates allowed
+    # As requested: (path, mode, at depth 0), duplicates allowed.
+    paths: tuple[Atom, ...]
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Hold:
@@ -121,11 +140,13 @@ class Hold:
             worker=record["worker"],
             lease_id=record["lease_id"],
             token=record["token"],
-            paths=tuple((path, mode) for path, mode in record["paths"]),
+            paths=tuple((path, mode, depth == [0]) for path, mode, *depth in record["paths"]),
         )
 
     def describe(self) -> str:
-        paths = ", ".join(f"{path} ({mode})" for path, mode in self.paths)
+        paths = ", ".join(
+            f"{path} ({mode}{', depth 0' if shallow else ''})" for path, mode, shallow in self.paths
+        )
         return (
             f"worker {self.worker} lease {self.lease_id} token {self.token} "
             f"[{self.t_start:.6f}, {self.t_end:.6f}] {paths}"
@@ -154,8 +175,8 @@ def token_order_violations(holds: Sequence[Hold]) -> list[tuple[Hold, Hold]]:
     equal token. Pairs overlapping in time are reported by the overlap check."""
     atoms = {atom for hold in holds for atom in hold.paths}
     rivals = {atom: [other for other in atoms if atoms_conflict(atom, other)] for atom in atoms}
-    # For each (path, mode): the earlier hold with the largest token containing it.
-    best: dict[tuple[str, str], Hold] = {}
+    # For each atom: the earlier hold with the largest token containing it.
+    best: dict[Atom, Hold] = {}
     found = []
     for hold in sorted(holds, key=lambda hold: hold.t_start):
         earlier = [best[other] for atom in hold.paths for other in rivals[atom] if other in best]
@@ -177,20 +198,30 @@ def test_checker_sees_conflicts() -> None:
     assert not paths_overlap("/a", "/ab")
     assert not paths_overlap("/a/b/c", "/a/b/c%")
     assert not paths_overlap("/a/b", "/a_b")
-    assert not atoms_conflict(("/a", "shared"), ("/a/b", "shared"))
-    assert atoms_conflict(("/a", "shared"), ("/a/b", "exclusive"))
+    assert not atoms_conflict(("/a", "shared", False), ("/a/b", "shared", False))
+    assert atoms_conflict(("/a", "shared", False), ("/a/b", "exclusive", False))
+    # Depth 0: the path alone.
+    assert not paths_overlap("/a", "/a/b", first_shallow=True)
+    assert paths_overlap("/a", "/a/b", second_shallow=True)
+    assert not paths_overlap("/", "/x", first_shallow=True)
+    assert paths_overlap("/a", "/a", True, True)
+    assert atoms_conflict(("/a", "shared", True), ("/a", "exclusive", False))
+    assert not atoms_conflict(("/a/b", "exclusive", False), ("/a", "exclusive", True))
 
-    def hold(start: float, end: float, token: int, *paths: tuple[str, str]) -> Hold:
+    def hold(start: float, end: float, token: int, *paths: Atom) -> Hold:
         return Hold(start, end, 0, f"lease-{token}", token, paths)
 
-    first = hold(0.0, 2.0, 1, ("/a", "exclusive"))
-    overlapping = hold(1.0, 3.0, 2, ("/a/b", "shared"))
-    sibling = hold(1.0, 3.0, 3, ("/ab", "exclusive"))
+    first = hold(0.0, 2.0, 1, ("/a", "exclusive", False))
+    overlapping = hold(1.0, 3.0, 2, ("/a/b", "shared", False))
+    sibling = hold(1.0, 3.0, 3, ("/ab", "exclusive", False))
     assert overlapping_conflicts([first, overlapping, sibling]) == [(first, overlapping)]
-    stale = hold(4.0, 5.0, 1, ("/a/b", "exclusive"))
-    newer = hold(0.0, 1.0, 7, ("/", "shared"))
+    shallow = hold(0.0, 2.0, 4, ("/a", "exclusive", True))
+    assert overlapping_conflicts([shallow, overlapping]) == []
+    stale = hold(4.0, 5.0, 1, ("/a/b", "exclusive", False))
+    newer = hold(0.0, 1.0, 7, ("/", "shared", False))
     assert token_order_violations([newer, stale]) == [(newer, stale)]
-    assert token_order_violations([first, hold(3.0, 4.0, 9, ("/a/e", "shared"))]) == []
+    later = hold(3.0, 4.0, 9, ("/a/e", "shared", False))
+    assert token_order_violations([first, later]) == []
 
 
 # -- running workers -------------------------------------------------------------------
@@ -391,6 +422,27 @@ def _random_request(rng: random.Random) -> tuple[list[str], list[str]]:
     return exclusive, shared
 
 
+def _random_depths(rng: random.Random, exclusive: list[str], shared: list[str]) -> list[str]:
+    """The paths of a request to lock at depth 0: some of those it names,
+    and now and then one it names only there (locked exclusive)."""
+    shallow = [path for path in exclusive + shared if rng.random() < SHALLOW_SHARE]
+    if rng.random() < 0.1:
+        shallow.append(rng.choice(TREE))
+    return shallow
+
+
+def _effective_request(
+    exclusive: Sequence[str], shared: Sequence[str], shallow: Sequence[str]
+) -> list[list[str]]:
+    """:func:`_effective` of a request with paths at depth 0 (those only
+    there are exclusive)."""
+    return _effective(
+        [(p, "exclusive") for p in exclusive]
+        + [(p, "shared") for p in shared]
+        + [(p, "exclusive") for p in shallow if p not in exclusive and p not in shared]
+    )
+
+
 def _hold_briefly(rng: random.Random) -> None:
     if rng.random() < 0.25:
         return
@@ -404,16 +456,21 @@ def hold_record(
     t_end: float,
     exclusive: Sequence[str],
     shared: Sequence[str],
+    shallow: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """What the checker needs of one hold (see :meth:`Hold.from_record`)."""
+    """What the checker needs of one hold (see :meth:`Hold.from_record`):
+    its paths as requested, ``[path, mode, 0]`` for those at depth 0."""
+    depth_0 = set(shallow)
+    only_shallow = [path for path in shallow if path not in exclusive and path not in shared]
+    atoms = [(path, "exclusive") for path in [*exclusive, *only_shallow]]
+    atoms += [(path, "shared") for path in shared]
     return {
         "t_start": t_start,
         "t_end": t_end,
         "worker": worker,
         "lease_id": lease.lease_id,
         "token": lease.fencing_token,
-        "paths": [[path, "exclusive"] for path in exclusive]
-        + [[path, "shared"] for path in shared],
+        "paths": [[path, mode, 0] if path in depth_0 else [path, mode] for path, mode in atoms],
     }
 
 
@@ -423,18 +480,26 @@ def _detached_operation(
     """A detached lease taken through ``locks`` and renewed and released by
     its id through ``other``, another manager."""
     exclusive, shared = _random_request(rng)
+    shallow = _random_depths(rng, exclusive, shared)
     data = f"worker {index}, request {rng.random()}"
     lease: DetachedLease | None
     if rng.random() < 0.3:
         try:
             lease = locks.lock_detached(
-                *exclusive, shared=shared, ttl=60, timeout=rng.uniform(5, 20), data=data
+                *exclusive,
+                shared=shared,
+                shallow=shallow,
+                ttl=60,
+                timeout=rng.uniform(5, 20),
+                data=data,
             )
         except LockTimeout:
             stats["timeouts"] += 1
             return None
     else:
-        lease = locks.try_lock_detached(*exclusive, shared=shared, ttl=60, data=data)
+        lease = locks.try_lock_detached(
+            *exclusive, shared=shared, shallow=shallow, ttl=60, data=data
+        )
         if lease is None:
             stats["try_none"] += 1
             return None
@@ -447,12 +512,13 @@ def _detached_operation(
         raise AssertionError(f"{lease!r} was not held until its release")
     stats["grants"] += 1
     stats["detached"] += 1
+    stats["shallow"] += bool(shallow)
     return {
-        **hold_record(lease, index, t_start, t_end, exclusive, shared),
+        **hold_record(lease, index, t_start, t_end, exclusive, shared, shallow),
         "held": [list(pair) for pair in lease.paths],
-        "expected": _effective(
-            [(p, "exclusive") for p in exclusive] + [(p, "shared") for p in shared]
-        ),
+        "expected": _effective_request(exclusive, shared, shallow),
+        "held_shallow": sorted(lease.shallow),
+        "expected_shallow": sorted(set(shallow)),
     }
 
 
@@ -460,17 +526,20 @@ def _one_operation(
     locks: CustomerLocks, rng: random.Random, index: int, stats: Counter[str]
 ) -> dict[str, Any] | None:
     exclusive, shared = _random_request(rng)
+    shallow = _random_depths(rng, exclusive, shared)
     blocking = rng.random() < 0.3
     asked = time.monotonic()
     lease: Lease | None
     if blocking:
         try:
-            lease = locks.lock_paths(*exclusive, shared=shared, timeout=rng.uniform(5, 20))
+            lease = locks.lock_paths(
+                *exclusive, shared=shared, shallow=shallow, timeout=rng.uniform(5, 20)
+            )
         except LockTimeout:
             stats["timeouts"] += 1
             return None
     else:
-        lease = locks.try_lock_paths(*exclusive, shared=shared)
+        lease = locks.try_lock_paths(*exclusive, shared=shared, shallow=shallow)
         if lease is None:
             stats["try_none"] += 1
             return None
@@ -489,12 +558,13 @@ def _one_operation(
     if lease.lost or not lease.released:
         raise AssertionError(f"{lease!r} was not cleanly released (lost={lease.lost})")
     stats["grants"] += 1
+    stats["shallow"] += bool(shallow)
     return {
-        **hold_record(lease, index, t_start, t_end, exclusive, shared),
+        **hold_record(lease, index, t_start, t_end, exclusive, shared, shallow),
         "held": [list(pair) for pair in lease.paths],
-        "expected": _effective(
-            [(p, "exclusive") for p in exclusive] + [(p, "shared") for p in shared]
-        ),
+        "expected": _effective_request(exclusive, shared, shallow),
+        "held_shallow": sorted(lease.shallow),
+        "expected_shallow": sorted(set(shallow)),
     }
 
 
@@ -555,7 +625,11 @@ def test_no_conflicting_holds_overlap(
 
     assert len(summaries) == WORKERS
     assert totals["grants"] == len(records)
-    mismatched = [r for r in records if r["held"] != r["expected"]]
+    mismatched = [
+        r
+        for r in records
+        if r["held"] != r["expected"] or r["held_shallow"] != r["expected_shallow"]
+    ]
     assert not mismatched, f"leases hold other paths than requested: {mismatched[:5]}"
     assert_safe([Hold.from_record(record) for record in records])
     assert remaining_rows(raw_engine, customer_id) == 0, describe_rows(raw_engine, customer_id)
@@ -565,6 +639,7 @@ def test_no_conflicting_holds_overlap(
     assert len(records) >= min(1000, WORKERS * tree_ops // 4)
     assert totals["try_none"] + totals["blocking_waited"] + totals["timeouts"] > 0
     assert totals["detached"] > 0
+    assert totals["shallow"] > 0
     if tree_ops >= 100:  # tiny runs may by chance never wait
         assert totals["try_none"] > 0
         assert totals["blocking_waited"] > 0

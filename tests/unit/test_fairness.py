@@ -7,25 +7,30 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock._fairness import deadlock_party, requests_conflict, waiters_ahead
-from pathlock.types import EXCLUSIVE, SHARED, LockInfo, Mode, Owner, PathMode, WaiterInfo
+from pathlock._fairness import Locked, deadlock_party, requests_conflict, waiters_ahead
+from pathlock.types import EXCLUSIVE, SHARED, LockInfo, Mode, Owner, WaiterInfo
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 ME = Owner("web-1", 1, "1")
 OTHER = Owner("web-2", 2, "2")
 
 
-def _waiter(ticket: int, *paths: PathMode, owner: Owner = OTHER) -> WaiterInfo:
+def _waiter(ticket: int, *paths: Locked, owner: Owner = OTHER) -> WaiterInfo:
     return WaiterInfo(
         customer_id=1,
         ticket=ticket,
-        paths=paths,
+        paths=tuple((path, mode) for path, mode, _ in paths),
         lease_id=f"{ticket:032x}",
         owner=owner,
         reason="",
         created_at=NOW,
         expires_at=NOW + timedelta(seconds=5),
+        shallow=frozenset(path for path, _, shallow in paths if shallow),
     )
+
+
+def _paths(waiter: WaiterInfo) -> list[Locked]:
+    return [(path, mode, path in waiter.shallow) for path, mode in waiter.paths]
 
 
 def _lock(path: str, owner: Owner, mode: Mode = EXCLUSIVE) -> LockInfo:
@@ -42,18 +47,38 @@ def _lock(path: str, owner: Owner, mode: Mode = EXCLUSIVE) -> LockInfo:
     )
 
 
-def x(path: str) -> PathMode:
-    return (path, EXCLUSIVE)
+def x(path: str, *, shallow: bool = False) -> Locked:
+    return (path, EXCLUSIVE, shallow)
 
 
-def s(path: str) -> PathMode:
-    return (path, SHARED)
+def s(path: str, *, shallow: bool = False) -> Locked:
+    return (path, SHARED, shallow)
 
 
 def test_requests_conflict_by_any_pair() -> None:
     assert requests_conflict([x("/a"), s("/b")], [s("/c"), s("/b/c")]) is False
     assert requests_conflict([x("/a"), s("/b")], [s("/c"), x("/b/c")]) is True
     assert requests_conflict([], [x("/")]) is False
+
+
+def test_a_path_at_depth_0_meets_its_own_path_and_covering_ancestors_only() -> None:
+    assert requests_conflict([x("/a", shallow=True)], [x("/a/b")]) is False
+    assert requests_conflict([x("/a/b")], [x("/a", shallow=True)]) is False
+    assert requests_conflict([x("/a", shallow=True)], [s("/a", shallow=True)]) is True
+    assert requests_conflict([s("/a", shallow=True)], [s("/a", shallow=True)]) is False
+    assert requests_conflict([x("/a/b", shallow=True)], [x("/a")]) is True
+    assert requests_conflict([x("/a/b", shallow=True)], [x("/", shallow=True)]) is False
+    assert requests_conflict([x("/", shallow=True)], [x("/")]) is True
+
+
+def test_a_waiter_for_a_depth_0_lock_below_the_owners_is_not_passed_over() -> None:
+    # The waiter wants /a/x alone; the owner holds /a at depth 0, which does
+    # not reach it: the waiter does not wait for the owner, so it is ahead.
+    waiter = _waiter(1, x("/a/x/y", shallow=True))
+    ahead = waiters_ahead([x("/a/x")], [waiter], owner_locks=[x("/a", shallow=True)])
+    assert ahead == [waiter]
+    # With /a on its subtree, it waits for the owner: passed over.
+    assert waiters_ahead([x("/a/x")], [waiter], owner_locks=[x("/a")]) == []
 
 
 def test_conflicting_earlier_waiters_are_ahead_in_ticket_order() -> None:
@@ -108,8 +133,8 @@ def test_no_cycle_when_the_holder_waits_for_something_else() -> None:
 
 
 tree = st.sampled_from(["/", "/a", "/a/b", "/a/b/c", "/a/c", "/b", "/b/a"])
-pairs = st.tuples(tree, st.sampled_from([EXCLUSIVE, SHARED]))
-requests = st.lists(pairs, min_size=1, max_size=3)
+pairs = st.tuples(tree, st.sampled_from([EXCLUSIVE, SHARED]), st.booleans())
+requests = st.lists(pairs, min_size=1, max_size=3, unique_by=lambda pair: pair[0])
 
 
 @given(
@@ -119,15 +144,15 @@ requests = st.lists(pairs, min_size=1, max_size=3)
 )
 @settings(max_examples=300, deadline=None)
 def test_waiters_ahead_properties(
-    request: list[PathMode], queued: list[list[PathMode]], owner_locks: list[PathMode]
+    request: list[Locked], queued: list[list[Locked]], owner_locks: list[Locked]
 ) -> None:
     earlier = [_waiter(n, *paths) for n, paths in enumerate(queued, start=1)]
     ahead = waiters_ahead(request, earlier, owner_locks)
     # Only conflicting waiters, in ticket order, none that waits for the owner.
     assert [w.ticket for w in ahead] == sorted(w.ticket for w in ahead)
     for waiter in ahead:
-        assert requests_conflict(waiter.paths, request)
-        assert not requests_conflict(waiter.paths, owner_locks)
+        assert requests_conflict(_paths(waiter), request)
+        assert not requests_conflict(_paths(waiter), owner_locks)
     # With no locks of its own, the owner waits for every conflicting waiter.
-    everyone = [w for w in earlier if requests_conflict(w.paths, request)]
+    everyone = [w for w in earlier if requests_conflict(_paths(w), request)]
     assert waiters_ahead(request, earlier, []) == everyone

@@ -473,6 +473,31 @@ def test_overlaps_matches_the_ancestor_relation(pair: tuple[str, str]) -> None:
     assert overlaps(second, first) is expected
 
 
+@PROPERTY
+@given(path_pairs(), st.booleans(), st.booleans())
+def test_a_lock_at_depth_0_reaches_no_path_below_its_own(
+    pair: tuple[str, str], first_shallow: bool, second_shallow: bool
+) -> None:
+    first, second = pair
+    expected = (
+        first == second
+        or (first in ancestors(second) and not first_shallow)
+        or (second in ancestors(first) and not second_shallow)
+    )
+    assert overlaps(first, second, first_shallow, second_shallow) is expected
+    assert overlaps(second, first, second_shallow, first_shallow) is expected
+
+
+def test_depth_0_examples() -> None:
+    assert overlaps("/a", "/a", True, True)
+    assert not overlaps("/", "/a", first_shallow=True)
+    assert overlaps("/", "/a", second_shallow=True)
+    assert not overlaps("/a", "/a/b/c", first_shallow=True)
+    assert not overlaps("/a", "/ab", False, False)
+    assert conflicts(("/a", SHARED), ("/a", EXCLUSIVE), True, False)
+    assert not conflicts(("/a/b", EXCLUSIVE), ("/a", EXCLUSIVE), False, True)
+
+
 def test_compatible_matrix() -> None:
     assert compatible(SHARED, SHARED)
     assert not compatible(SHARED, EXCLUSIVE)

@@ -68,21 +68,24 @@ _DATA = lease_data(b"\x00\xff" * (MAX_DATA // 2))
 
 
 def _request(
-    exclusive: Sequence[str], shared: Sequence[str] = (), data: bytes | None = None
+    exclusive: Sequence[str],
+    shared: Sequence[str] = (),
+    data: bytes | None = None,
+    shallow: frozenset[str] = frozenset(),
 ) -> GrantRequest:
     paths = normalize_request(exclusive, shared)
     owner = Owner("n" * 255, 2**31 - 1, "t" * 64)
-    return GrantRequest(2**62, "f" * 32, paths, owner, "r" * 1000, 30.0, data=data)
+    return GrantRequest(2**62, "f" * 32, paths, owner, "r" * 1000, 30.0, data=data, shallow=shallow)
 
 
 def _sizes(request: GrantRequest) -> dict[str, int]:
     """Bytes of every statement the request sends: the grant with the
     sentinel write before it (one packet), the blockers query, the enqueue."""
     parameters = grant_parameters(request) | {"w_ticket": NO_TICKET}
-    grant = grant_statement(shape(request.paths), queued=True)
+    grant = grant_statement(shape(request.paths, request.shallow), queued=True)
     return {
         "grant": _sent(BUMP, {"c_id": request.customer_id}) + _sent(grant, parameters),
-        "blockers": _sent(blockers_query(shape(request.paths)), parameters),
+        "blockers": _sent(blockers_query(shape(request.paths, request.shallow)), parameters),
         "enqueue": _sent(ENQUEUE, waiter_parameters(request, waiter_ttl=5.0)),
     }
 
@@ -129,12 +132,18 @@ _MANY_SHORT = [f"/p{n}" for n in range(MAX_REQUEST_PATHS)]
     ids=["1000-paths-of-100-emoji-chars", "25-paths-of-4000-emoji-chars", "backslashes", "short"],
 )
 @pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+@pytest.mark.parametrize("depth", ["subtree", "depth-0"])
 def test_the_largest_requests_fit_the_smallest_default_packet(
-    paths: list[str], shared: bool
+    paths: list[str], shared: bool, depth: str
 ) -> None:
     assert len(paths) <= MAX_REQUEST_PATHS
     assert sum(len(path) for path in paths) <= MAX_REQUEST_CHARACTERS
-    request = _request([], paths, _DATA) if shared else _request(paths, data=_DATA)
+    # Every other path at depth 0: the statement carries each path's depth.
+    shallow = frozenset(paths[::2]) if depth == "depth-0" else frozenset()
+    if shared:
+        request = _request([], paths, _DATA, shallow)
+    else:
+        request = _request(paths, data=_DATA, shallow=shallow)
     sizes = _sizes(request)
     assert max(sizes.values()) < SMALLEST_DEFAULT_PACKET, sizes
 
