@@ -19,18 +19,14 @@ one over pathlock::
 
 Each WebDAV lock is a detached lease of pathlock
 (:meth:`~pathlock.CustomerLocks.lock_detached`) on the lock's root, exclusive
-or shared as the lock's scope, lasting the lock's timeout by the database's
-clock: granted with the conflict check in one transaction (:meth:`create`
+or shared as the lock's scope, at the lock's depth (``0``: the root alone,
+``shallow=``; ``infinity``: its subtree), lasting the lock's timeout by the
+database's clock: granted with the conflict check in one transaction (:meth:`create`
 refuses a conflicting lock with ``423 Locked`` even when WsgiDAV's own check,
 made per process, let it through), refreshed atomically, released by any
 worker, and kept through a worker's recycle and restart. The rest of the
 lock (owner, principal, depth, timeout) is the lease's data. Tokens are
 ``opaquelocktoken:pathlock-<customer>-<lease id>``.
-
-pathlock's locks cover the paths below them: a depth-0 lock of a collection
-is held as a depth-infinity one (stricter: a lock of a member of that
-collection is refused while it lasts). Locks of files are the same at
-either depth.
 """
 
 from __future__ import annotations
@@ -152,10 +148,12 @@ class LockStorage:
         }
         locks = self._locks(root)
         exclusive = lock.get("scope") != "shared"
+        infinite = lock.get("depth") != "0"
         try:
             lease = locks.try_lock_detached(
                 *([root] if exclusive else []),
                 shared=[] if exclusive else [root],
+                shallow=[] if infinite else [root],
                 ttl=timeout,
                 reason=f"WebDAV lock of {lock.get('principal') or 'anonymous'}",
                 data=json.dumps(data).encode(),
@@ -164,7 +162,6 @@ class LockStorage:
             raise DAVError(HTTP_BAD_REQUEST, context_info=str(error)) from error
         if lease is None:
             conflict = DAVErrorCondition(PRECONDITION_CODE_LockConflict)
-            infinite = lock.get("depth") == "infinity"
             for held in locks.locks_on(root, descendants=infinite):
                 conflict.add_href(held.path)
             raise DAVError(HTTP_LOCKED, err_condition=conflict)

@@ -150,6 +150,32 @@ def test_shared_locks_share_and_exclude_the_exclusive(
     second.release(two["token"])
 
 
+def test_a_depth_0_lock_of_a_folder_leaves_its_members_free(
+    workers: tuple[LockManager, LockManager], database_url: str, customer_id: int
+) -> None:
+    first, second = workers
+    folder = _acquire(first, "/folder", lock_depth="0")
+    assert second.get_lock(folder["token"])["depth"] == "0"
+    # A member of the folder: free, from the other worker too.
+    member = _acquire(second, "/folder/member.txt")
+    # The folder itself, or its subtree: refused.
+    with pytest.raises(DAVError) as refused:
+        _acquire(second, "/folder", lock_depth="0")
+    assert refused.value.value == HTTP_LOCKED
+    with pytest.raises(DAVError):
+        _acquire(second, "/", lock_depth="infinity")
+    # pathlock holds it at depth 0: an application's own lock below is free.
+    with PathLockManager(database_url, heartbeat=False) as manager:
+        locks = manager.for_customer(customer_id)
+        (held,) = [lock for lock in locks.locks_on("/folder") if lock.path == "/folder"]
+        assert held.shallow
+        below = locks.try_lock_paths("/folder/other.txt")
+        assert below is not None
+        below.release()
+    second.release(member["token"])
+    first.release(folder["token"])
+
+
 def test_the_database_refuses_what_each_workers_own_check_let_through(
     database_url: str, customer_id: int
 ) -> None:
