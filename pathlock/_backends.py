@@ -28,15 +28,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sqlalchemy import URL, Engine, inspect, make_url, text
+from sqlalchemy import URL, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import dialects
 from pathlock._owners import process_user
 from pathlock._routing import node_name
 from pathlock.dialects.base import ASYNC_DRIVERS, is_async
-from pathlock.errors import ArgumentTypeError, BackendError, InvalidArgument, PathLockError
-from pathlock.schema import REVISION, VERSION_TABLE
+from pathlock.errors import ArgumentTypeError, InvalidArgument, PathLockError
 from pathlock.settings import DEFAULT, Settings
 
 URL_ENV_VAR = "PATHLOCK_DATABASE_URL"
@@ -272,25 +271,3 @@ def _check_nodes(engines: list[Engine]) -> None:
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise InvalidArgument(f"database node given twice: {', '.join(repeated)}")
-
-
-def upgrade_on_open(engine: Engine) -> None:
-    """Bring an embedded database (SQLite) to the current schema: run the
-    migrations unless they are at head already. The check and the upgrade run
-    in one IMMEDIATE transaction, so processes that open a new file at once
-    create its tables once."""
-    try:
-        with engine.connect() as connection:
-            if inspect(connection).has_table(VERSION_TABLE):
-                current = connection.execute(
-                    text(f"SELECT version_num FROM {VERSION_TABLE}")
-                ).scalar()
-                if current == REVISION:
-                    connection.rollback()
-                    return
-            from pathlock import migrate  # noqa: PLC0415 - Alembic only when needed
-
-            migrate.upgrade(connection=connection)
-            connection.commit()
-    except SQLAlchemyError as error:
-        raise BackendError("creating the SQLite database's tables", error) from error

@@ -6,7 +6,8 @@ trip: an uncontended acquire is "lock the sentinel, insert if no conflict,
 write the sentinel if inserted, commit", a release "write the sentinel,
 delete, commit". Sent one by one, that is seven round trips for an acquire +
 release. A batch may carry its transaction's COMMIT (``run(...,
-commit=True)``, on the engines pathlock creates: :func:`commit_in_batches`),
+commit=True)``, on the engines pathlock creates:
+:func:`~pathlock.dialects._commits.commit_in_batches`),
 and then each is one round trip, as a plain durable commit is.
 
 The statements are the same SQLAlchemy constructs as everywhere else,
@@ -27,12 +28,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import weakref
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled, SQLCompiler
@@ -40,15 +39,10 @@ from sqlalchemy.sql.expression import Executable
 
 from pathlock import _deadlines as deadlines
 from pathlock import dialects
+from pathlock.dialects._commits import COMMITTING as _COMMITTING
+from pathlock.dialects._commits import SENT as _SENT
 
 T = TypeVar("T")
-
-# The dialects (one per engine) whose COMMIT may travel in a batch.
-_COMMITTING: weakref.WeakSet[Dialect] = weakref.WeakSet()
-# The connection whose COMMIT or ROLLBACK a batch has just sent: its
-# Connection.commit() or rollback() sends nothing more (set and reset within
-# run()).
-_SENT: ContextVar[object | None] = ContextVar("pathlock_commit_sent", default=None)
 
 
 class Reply(NamedTuple):
@@ -84,34 +78,6 @@ def prepare(statement: Executable, dialect: Dialect) -> None:
     first request of a new shape (1,000 paths, say) takes seconds of client
     CPU to compile, which must not count as the database's time."""
     _compiled(statement, dialect)
-
-
-def commit_in_batches(engine: Engine) -> None:
-    """Let batches of ``engine`` carry their transaction's COMMIT (for the
-    engines pathlock creates; see :func:`commits_in_batches`)."""
-    dialect = engine.dialect
-    if dialect in _COMMITTING:
-        return
-    send_commit, send_rollback = dialect.do_commit, dialect.do_rollback
-
-    def do_commit(dbapi_connection: Any) -> None:
-        if _SENT.get() is not dbapi_connection:
-            send_commit(dbapi_connection)
-
-    def do_rollback(dbapi_connection: Any) -> None:
-        if _SENT.get() is not dbapi_connection:
-            send_rollback(dbapi_connection)
-
-    dialect.do_commit = do_commit  # type: ignore[method-assign]
-    dialect.do_rollback = do_rollback  # type: ignore[method-assign]
-    _COMMITTING.add(dialect)
-
-
-def may_commit(dialect: Dialect) -> bool:
-    """Whether batches of ``dialect``'s engine may carry their COMMIT (see
-    :func:`commit_in_batches`; a connection may still not:
-    :func:`commits_in_batches`)."""
-    return dialect in _COMMITTING
 
 
 def rolls_back_in_batches(connection: Connection) -> bool:
@@ -251,7 +217,7 @@ def _begin(connection: Connection, end: str | None) -> bool:
     ends its transaction on the server need not tell SQLAlchemy's connection
     about it. The connection's begin() and commit() cost a grant more client
     CPU than anything else around the query, and sent nothing (see
-    :func:`commit_in_batches`). Not where anyone listens for the
+    :func:`~pathlock.dialects._commits.commit_in_batches`). Not where anyone listens for the
     connection's begin, commit or rollback (SQLite's engines do, and your own
     listeners may), but for listeners whose work such a batch does itself
     (:func:`done_in_batches`: the asyncio API's)."""
@@ -603,7 +569,7 @@ def _plan(compiled: SQLCompiler, values: dict[str, Any]) -> _Plan:
 def _ended(connection: Connection, end: Callable[[], None]) -> None:
     """The server ended the transaction (a batch's COMMIT or ROLLBACK): end
     SQLAlchemy's too with ``end``, sending nothing (see
-    :func:`commit_in_batches`)."""
+    :func:`~pathlock.dialects._commits.commit_in_batches`)."""
     sent = _SENT.set(connection.connection)
     try:
         end()

@@ -124,6 +124,7 @@ from pathlock._statements import (
     watch_statement,
 )
 from pathlock._transactions import Transactions, delete_counted
+from pathlock.dialects._commits import may_commit
 from pathlock.errors import BackendError, PathLockError
 from pathlock.paths import normalize
 from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
@@ -549,7 +550,7 @@ class Store:
     def hands_over(self) -> bool:
         """Whether releases may grant their paths to the head of the queue
         (see :meth:`release`): where a batch may carry its COMMIT."""
-        return self.dialect.batches and batch.may_commit(self.router.nodes[0].engine.dialect)
+        return self.dialect.batches and may_commit(self.router.nodes[0].engine.dialect)
 
     # -- operations -----------------------------------------------------------
 
@@ -566,7 +567,7 @@ class Store:
             self._prepared.add(form)
             batch.prepare(CLAIM, dialect)
             batch.prepare(grant_statement(form, queued=True), dialect)
-            if batch.may_commit(dialect):
+            if may_commit(dialect):
                 batch.prepare(LEAN_CLAIM, dialect)
                 batch.prepare(lean_grant(len(request.paths), bool(request.shallow)), dialect)
                 for fresh in (True, False):

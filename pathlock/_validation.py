@@ -11,8 +11,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from pathlock._limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.errors import ArgumentTypeError, InvalidArgument
-from pathlock.schema import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.types import show
 
 if TYPE_CHECKING:

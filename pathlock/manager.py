@@ -34,7 +34,8 @@ from pathlock import _reaper as reaper
 from pathlock import _validation as validation
 from pathlock import dialects, events, otel
 from pathlock._acquire import Cancel, acquire
-from pathlock._backends import open_engines, open_renewal_engines, upgrade_on_open
+from pathlock._backends import open_engines, open_renewal_engines
+from pathlock._embedded import upgrade_on_open
 from pathlock._heartbeat import Heartbeat, Stragglers
 from pathlock._records import GrantRequest, lease_data
 from pathlock._routing import Router

@@ -32,6 +32,13 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from pathlock import dialects
+from pathlock._limits import (
+    LEASE_ID_LENGTH,
+    NODE_ID_LENGTH,
+    OWNER_KEY_LENGTH,
+    REASON_LENGTH,
+    THREAD_LENGTH,
+)
 from pathlock.paths import MAX_PATH_LENGTH
 
 if TYPE_CHECKING:
@@ -70,13 +77,6 @@ metadata = MetaData(
 _TABLE = dialects.table_options()
 PATH_INDEX = dialects.path_index_options()
 
-LEASE_ID_LENGTH = 32
-REASON_LENGTH = 1000
-NODE_ID_LENGTH = 255
-THREAD_LENGTH = 64
-# A manager's identity (16 hex digits), a dot and a holder: "t12", "a7" or
-# "n" + 24 hex digits of a caller's owner name (see pathlock._owners).
-OWNER_KEY_LENGTH = 64
 
 # BIGINT keys that auto-increment.
 _BigId = dialects.column_type("id", BigInteger())

@@ -31,12 +31,9 @@ from sqlalchemy import Engine, distinct, func, make_url, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import bench, dialects
-from pathlock._backends import (
-    URL_ENV_VAR,
-    default_database,
-    open_engine,
-    upgrade_on_open,
-)
+from pathlock._backends import URL_ENV_VAR, default_database, open_engine
+from pathlock._embedded import upgrade_on_open
+from pathlock._limits import REASON_LENGTH
 from pathlock._owners import process_user
 from pathlock._statements import now
 from pathlock.bench.stats import count
@@ -45,7 +42,7 @@ from pathlock.cli.arguments import EXIT_ERROR, build_parser, version
 from pathlock.cli.runner import LockRequest, run_locked
 from pathlock.errors import BackendError, CaseRuleMismatch, PathLockError, SchemaMismatch
 from pathlock.manager import PathLockManager
-from pathlock.schema import REASON_LENGTH, REVISION, REVISIONS, path_lock_waiters, path_locks
+from pathlock.schema import REVISION, REVISIONS, path_lock_waiters, path_locks
 from pathlock.settings import DEFAULT as DEFAULT_SETTINGS
 from pathlock.settings import Settings
 

@@ -19,6 +19,7 @@ from sqlalchemy.types import TypeEngine
 from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
 from pathlock.dialects import _pymysql
+from pathlock.dialects._commits import commit_in_batches
 from pathlock.dialects.base import (
     COMMIT_ALONE,
     ISOLATION_LEVEL,
@@ -314,9 +315,7 @@ class MySQL(Dialect):
             time.sleep(0.005)
 
     def enable_batches(self, engine: Engine) -> None:
-        from pathlock import _batch  # noqa: PLC0415 - it imports this package
-
-        _batch.commit_in_batches(engine)
+        commit_in_batches(engine)
         # PyMySQL only: asyncmy always sets the flag; other drivers are left
         # as they are (and send statements one by one).
         if engine.dialect.driver != "pymysql":

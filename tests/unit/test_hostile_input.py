@@ -39,7 +39,7 @@ from pathlock.errors import (
     PathLockError,
 )
 from pathlock.paths import MAX_PATH_LENGTH, normalize, normalize_request
-from pathlock.schema import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
+from pathlock._limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.types import EXCLUSIVE, SHARED
 
 PROPERTY = settings(max_examples=300, deadline=None)
