@@ -194,7 +194,8 @@ class _TimeLeft:
         if ends == math.inf:
             return configured
         left = -((_monotonic() - ends) * 100 // 1) / 100  # see time_left()
-        left = max(SHORTEST_WAIT, left)  # no max(): a call
+        if left < SHORTEST_WAIT:  # noqa: PLR1730 - not max(): a call, a dozen per cycle
+            left = SHORTEST_WAIT
         return left if configured is None or left < configured else configured
 
     def __set__(self, connection: object, value: float | None) -> None:
