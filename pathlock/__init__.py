@@ -31,7 +31,7 @@ from pathlock.events import Hooks
 from pathlock.lease import Lease
 from pathlock.manager import PathLockManager
 from pathlock.settings import Settings
-from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Mode, Owner, WaiterInfo
+from pathlock.types import Cancel, DetachedLease, LeaseInfo, LockInfo, Mode, Owner, WaiterInfo
 from pathlock.waiting import ExponentialBackoff, ReverseExponentialBackoff, WaitPolicy
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "AsyncLease",
     "AsyncPathLockManager",
     "BackendError",
+    "Cancel",
     "CaseRuleMismatch",
     "ContentionTimeout",
     "CustomerLocks",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from pathlock import _deadlines as deadlines
 from pathlock import _owners as owners
@@ -35,6 +35,7 @@ from pathlock._flow import (
 from pathlock._records import Granted, GrantRequest
 from pathlock._store import Store
 from pathlock.errors import LockCancelled, ManagerClosed, PathLockError
+from pathlock.types import Cancel
 from pathlock.waiting import LocalWakeups, WaitPolicy, Watch
 
 log = logging.getLogger("pathlock.acquire")
@@ -46,13 +47,6 @@ CANCEL_CHECK = 0.05
 LeftBehind = Callable[[int, str], None]
 """What :func:`acquire` calls with a request's customer and lease id when the
 request could not leave the queue."""
-
-
-class Cancel(Protocol):
-    """What ``lock_paths(cancel=...)`` takes: a :class:`threading.Event`, or
-    anything with its ``is_set()``."""
-
-    def is_set(self) -> bool: ...
 
 
 def acquire(

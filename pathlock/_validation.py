@@ -16,7 +16,7 @@ from pathlock.errors import ArgumentTypeError, InvalidArgument
 from pathlock.types import show
 
 if TYPE_CHECKING:
-    from pathlock._acquire import Cancel
+    from pathlock.types import Cancel
 
 MAX_CUSTOMER_ID = 2**63 - 1  # BIGINT
 MAX_COUNT = 2**63 - 1  # the largest integer both databases bind (a LIMIT, say)

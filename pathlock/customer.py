@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, TypeVar
 from pathlock import _validation as validation
 from pathlock.errors import ArgumentTypeError
 from pathlock.lease import Lease, LostCallback
-from pathlock.types import DetachedLease, LeaseInfo, LockInfo
+from pathlock.types import Cancel, DetachedLease, LeaseInfo, LockInfo
 
 if TYPE_CHECKING:
-    from pathlock._acquire import Cancel
     from pathlock.manager import PathLockManager
 
 

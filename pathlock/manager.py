@@ -33,7 +33,7 @@ from pathlock import _owners as owners
 from pathlock import _reaper as reaper
 from pathlock import _validation as validation
 from pathlock import dialects, events, otel
-from pathlock._acquire import Cancel, acquire
+from pathlock._acquire import acquire
 from pathlock._backends import open_engines, open_renewal_engines
 from pathlock._embedded import upgrade_on_open
 from pathlock._heartbeat import Heartbeat, Stragglers
@@ -62,7 +62,15 @@ from pathlock.paths import normalize, normalize_request, normalize_shallow
 from pathlock.schema import REVISION, REVISIONS, create_tables, metadata
 from pathlock.settings import Settings
 from pathlock.settings import checked as checked_settings
-from pathlock.types import DetachedLease, LeaseInfo, LockInfo, Owner, PathMode, WaiterInfo
+from pathlock.types import (
+    Cancel,
+    DetachedLease,
+    LeaseInfo,
+    LockInfo,
+    Owner,
+    PathMode,
+    WaiterInfo,
+)
 from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 Mode = Literal["exclusive", "shared"]
 """``exclusive`` (move, delete, rename, write) or ``shared`` (read, copy source).
@@ -19,6 +19,14 @@ SHARED: Mode = "shared"
 
 PathMode = tuple[str, Mode]
 """A normalized path and the mode it is locked in."""
+
+
+class Cancel(Protocol):
+    """What ``lock_paths(cancel=...)`` takes: a :class:`threading.Event`, or
+    anything with its ``is_set()``."""
+
+    def is_set(self) -> bool: ...
+
 
 _LONG_PATH = 120  # characters: longer paths are shortened in messages
 _PATHS_SHOWN = 10  # paths of one request listed in a message
