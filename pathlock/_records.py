@@ -1,6 +1,8 @@
 """What the store takes in and hands back: a grant request, the outcomes of an
 attempt, rows turned into :class:`~pathlock.types.LockInfo` and
-:class:`~pathlock.types.WaiterInfo`, and the bind parameters of a request."""
+:class:`~pathlock.types.WaiterInfo`. Plain values, no SQL: the request
+driver and the queue rules decide on them (the bind parameters of a
+request are :mod:`pathlock._parameters`')."""
 
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any
-
-from sqlalchemy import Row
+from typing import TYPE_CHECKING, Any
 
 from pathlock._fairness import Locked, with_depth
-from pathlock._statements import conflict_parameters
 from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode, WaiterInfo
+
+if TYPE_CHECKING:
+    from sqlalchemy import Row
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,69 +226,3 @@ def given_data(stored: bytes | None) -> bytes | str | None:
         except UnicodeDecodeError:
             return stored
     return value if kind == _BYTES else stored
-
-
-def grant_parameters(request: GrantRequest) -> dict[str, Any]:
-    parameters = conflict_parameters(request.paths, shallow=request.shallow)
-    shallow = request.shallow
-    for n, (path, mode) in enumerate(request.paths):
-        parameters[f"rq_path_{n}"] = path
-        parameters[f"rq_mode_{n}"] = mode
-        if shallow:
-            parameters[f"rq_shallow_{n}"] = path in shallow
-    parameters.update(
-        c_id=request.customer_id,
-        l_id=request.lease_id,
-        o_node=request.owner.node_id,
-        o_pid=request.owner.pid,
-        o_thread=request.owner.thread,
-        o_key=request.owner.key,
-        why=request.reason,
-        ttl_us=round(request.ttl * 1_000_000),
-        l_data=request.data,
-    )
-    return parameters
-
-
-def lean_parameters(request: GrantRequest) -> dict[str, Any]:
-    """The parameters of a grant without searches (``LEAN_CLAIM`` and
-    ``lean_grant``): the request's rows, without the conflict query's."""
-    parameters: dict[str, Any] = {
-        "c_id": request.customer_id,
-        "l_id": request.lease_id,
-        "o_node": request.owner.node_id,
-        "o_pid": request.owner.pid,
-        "o_thread": request.owner.thread,
-        "o_key": request.owner.key,
-        "why": request.reason,
-        "ttl_us": round(request.ttl * 1_000_000),
-        "rows": len(request.paths),
-        "l_data": request.data,
-    }
-    shallow = request.shallow
-    for n, (path, mode) in enumerate(request.paths):
-        parameters[f"rq_path_{n}"] = path
-        parameters[f"rq_mode_{n}"] = mode
-        if shallow:  # rq_shallow_N only where a path is at depth 0
-            parameters[f"rq_shallow_{n}"] = path in shallow
-    return parameters
-
-
-def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any]:
-    # Only these keys: an INSERT takes any extra key named like a column as
-    # that column's value.
-    return {
-        "c_id": request.customer_id,
-        "l_id": request.lease_id,
-        "w_paths": queued_json(request.paths, request.shallow),
-        "o_node": request.owner.node_id,
-        "o_pid": request.owner.pid,
-        "o_thread": request.owner.thread,
-        "o_key": request.owner.key,
-        "why": request.reason,
-        "w_ttl_us": round(waiter_ttl * 1_000_000),
-        # How long paths a release hands to the request last until it takes
-        # them up: no longer than its queue row would, nor than its lease.
-        "w_hand_over_us": round(min(waiter_ttl, request.ttl) * 1_000_000),
-        "l_data": request.data,
-    }

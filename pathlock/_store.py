@@ -43,6 +43,7 @@ from pathlock._fairness import (
     waiters_ahead,
     with_depth,
 )
+from pathlock._parameters import grant_parameters, lean_parameters, waiter_parameters
 from pathlock._polls import Ask, SharedPolls
 from pathlock._records import (
     Blocked,
@@ -51,13 +52,10 @@ from pathlock._records import (
     GrantRequest,
     Outlook,
     Watched,
-    grant_parameters,
     item_row,
-    lean_parameters,
     lock_info,
     values_row,
     waiter_info,
-    waiter_parameters,
 )
 from pathlock._statements import (
     BUMP,

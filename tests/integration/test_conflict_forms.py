@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, delete, insert, select, text
 
-from pathlock._records import GrantRequest, grant_parameters
+from pathlock._parameters import grant_parameters
+from pathlock._records import GrantRequest
 from pathlock._statements import (
     NO_TICKET,
     blockers_query,

@@ -31,6 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathlock import _validation as validation
+from pathlock._limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.errors import (
     ArgumentTypeError,
     InvalidArgument,
@@ -39,7 +40,6 @@ from pathlock.errors import (
     PathLockError,
 )
 from pathlock.paths import MAX_PATH_LENGTH, normalize, normalize_request
-from pathlock._limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.types import EXCLUSIVE, SHARED
 
 PROPERTY = settings(max_examples=300, deadline=None)

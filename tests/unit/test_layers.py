@@ -9,8 +9,13 @@ or not it runs."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 import pathlock
 
@@ -110,3 +115,59 @@ def test_a_circle_would_be_found() -> None:
         assert _circles() == [["pathlock._limits", "pathlock._validation"]]
     finally:
         GRAPH["pathlock._limits"].discard("pathlock._validation")
+
+
+# The modules that decide without I/O: a request's steps, the queue rules,
+# paths, the renewal schedule, the wait policies, and the values they decide
+# on. They run in tests and in the asyncio API's greenlets alike; none of
+# them may need the database layer.
+DECISIONS = (
+    "pathlock._flow",
+    "pathlock._fairness",
+    "pathlock._records",
+    "pathlock._heartbeat",
+    "pathlock.paths",
+    "pathlock.waiting",
+    "pathlock._validation",
+)
+
+# Imports one module in a fresh interpreter without running the package's
+# __init__ (which imports the whole API): what that module needs, only.
+_IMPORT_ALONE = """
+import importlib, json, sys, types
+package = types.ModuleType("pathlock")
+package.__path__ = [sys.argv[1]]
+sys.modules["pathlock"] = package
+importlib.import_module(sys.argv[2])
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _loaded_by(module: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALONE, str(PACKAGE), module],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return set(json.loads(done.stdout))
+
+
+@pytest.mark.parametrize("module", DECISIONS)
+def test_the_decisions_load_no_database_layer(module: str) -> None:
+    loaded = _loaded_by(module)
+    assert module in loaded
+    database = sorted(
+        name
+        for name in loaded
+        if name.split(".")[0] == "sqlalchemy"
+        or name.startswith(("pathlock.dialects", "pathlock.schema", "pathlock._statements"))
+    )
+    assert database == []
+
+
+def test_loading_one_module_alone_is_measured() -> None:
+    # The measure itself: the store loads the database layer.
+    loaded = _loaded_by("pathlock._store")
+    assert {"sqlalchemy", "pathlock._statements", "pathlock.dialects"} <= loaded

@@ -22,7 +22,8 @@ from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.sql.expression import Executable
 
 from pathlock import InvalidArgument, PathLockError, RequestTooLarge
-from pathlock._records import GrantRequest, grant_parameters, lease_data, waiter_parameters
+from pathlock._parameters import grant_parameters, waiter_parameters
+from pathlock._records import GrantRequest, lease_data
 from pathlock._statements import (
     BUMP,
     ENQUEUE,

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathlock import _validation as validation
-from pathlock.errors import InvalidArgument, PathLockError
 from pathlock._limits import NODE_ID_LENGTH, REASON_LENGTH
+from pathlock.errors import InvalidArgument, PathLockError
 
 PROPERTY = settings(max_examples=200, deadline=None)
 YEAR = 365 * 24 * 3600.0
