@@ -175,7 +175,7 @@ class _Steps:
         if self._closed():
             return ManagerClosed("lock paths")
         if self._cancel is not None and self._cancel.is_set():
-            return LockCancelled(self._request.paths)
+            return LockCancelled(self._request.paths, self._request.shallow)
         return None
 
     def __call__(self, step: Step) -> Any:  # noqa: PLR0911 - one per kind of step

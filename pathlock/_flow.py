@@ -323,7 +323,9 @@ class AcquireFlow:
             if not self._blocking:
                 return None  # a try-lock only reports the conflict
             if isinstance(outcome, Deadlocked):
-                raise DeadlockDetected(self.request.paths, outcome.held_by, outcome.party)
+                raise DeadlockDetected(
+                    self.request.paths, outcome.held_by, outcome.party, self.request.shallow
+                )
             self._last = outcome
             self._held = tuple({info.lease_id: None for info in outcome.blockers})
             yield self._queued(outcome.ticket, started, outcome.ahead, outcome.ahead_complete)
@@ -366,6 +368,7 @@ class AcquireFlow:
             last.ahead if last else (),
             unanswered=unanswered,
             contended=contended,
+            shallow=self.request.shallow,
         )
 
     def _by(self, ends: float) -> float | None:

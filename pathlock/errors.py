@@ -9,6 +9,7 @@ from them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from pathlock.types import describe_paths, show
@@ -29,8 +30,8 @@ def _describe_blockers(held_by: Sequence[LockInfo], queued_behind: Sequence[Wait
     return _describe_holders(held_by)
 
 
-def _describe_request(paths: Sequence[PathMode]) -> str:
-    return describe_paths(paths)
+def _describe_request(paths: Sequence[PathMode], shallow: AbstractSet[str]) -> str:
+    return describe_paths(paths, shallow)
 
 
 _MAX_SHOWN = 120  # characters of a bad value quoted in a message
@@ -102,7 +103,8 @@ class InvalidPathType(ArgumentTypeError):
 class LockTimeout(PathLockError, TimeoutError):
     """The requested paths were not granted within ``timeout`` seconds.
 
-    ``paths`` are the normalized ``(path, mode)`` pairs that were requested,
+    ``paths`` are the normalized ``(path, mode)`` pairs that were requested
+    (``shallow``: those of them at depth 0),
     ``held_by`` the holders that blocked the last attempt, and
     ``queued_behind`` the older queued requests it had to let go first (when
     no lock was in the way, the queue was): the 16 just ahead of it at most,
@@ -125,15 +127,18 @@ class LockTimeout(PathLockError, TimeoutError):
         queued_behind: Sequence[WaiterInfo] = (),
         contended: bool = False,
         unanswered: bool = False,
+        shallow: AbstractSet[str] = frozenset(),
     ) -> None:
-        self._args = (paths, timeout, held_by, queued_behind, contended, unanswered)
+        self._args = (paths, timeout, held_by, queued_behind, contended, unanswered, shallow)
         self.paths = tuple(paths)
+        self.shallow = frozenset(shallow)
         self.timeout = timeout
         self.held_by = tuple(held_by)
         self.queued_behind = tuple(queued_behind)
         self.contended = contended
         self.unanswered = unanswered
-        message = f"could not lock {_describe_request(self.paths)} within {timeout:g} s: "
+        request = _describe_request(self.paths, self.shallow)
+        message = f"could not lock {request} within {timeout:g} s: "
         if unanswered and not self.held_by and not self.queued_behind:
             message += "the database did not answer in time"
         else:
@@ -156,9 +161,10 @@ class DeadlockDetected(PathLockError):
     whose own queued request, ``party``, waits for locks of the requesting
     owner: each holds what the other waits for.
 
-    ``paths`` are the requested pairs, ``held_by`` the conflicting locks (the
-    owner's own, or the other party's). The other party keeps waiting; the
-    caller should release what it holds (or retry later) to let it through.
+    ``paths`` are the requested pairs (``shallow``: those at depth 0),
+    ``held_by`` the conflicting locks (the owner's own, or the other party's).
+    The other party keeps waiting; the caller should release what it holds
+    (or retry later) to let it through.
     """
 
     def __init__(
@@ -166,22 +172,25 @@ class DeadlockDetected(PathLockError):
         paths: Sequence[PathMode],
         held_by: Sequence[LockInfo],
         party: WaiterInfo | None = None,
+        shallow: AbstractSet[str] = frozenset(),
     ) -> None:
-        self._args = (paths, held_by, party)
+        self._args = (paths, held_by, party, shallow)
         self.paths = tuple(paths)
+        self.shallow = frozenset(shallow)
         self.held_by = tuple(held_by)
         self.party = party
+        request = _describe_request(self.paths, self.shallow)
         if party is None:
             message = (
-                f"request for {_describe_request(self.paths)} conflicts only with locks "
+                f"request for {request} conflicts only with locks "
                 f"held by the same owner and would wait for itself: "
                 f"{_describe_holders(self.held_by)}"
             )
         else:
             message = (
-                f"request for {_describe_request(self.paths)} would wait forever: "
+                f"request for {request} would wait forever: "
                 f"{_describe_holders(self.held_by)}, whose owner is itself queued "
-                f"(ticket {party.ticket}) for {_describe_request(party.paths)}, "
+                f"(ticket {party.ticket}) for {_describe_request(party.paths, party.shallow)}, "
                 f"which conflicts with locks held by the requesting owner"
             )
         super().__init__(message)
@@ -218,10 +227,12 @@ class LockCancelled(PathLockError):
     """A waiting :meth:`~CustomerLocks.lock_paths` was cancelled through its
     ``cancel`` event: nothing was granted, and the request left the queue."""
 
-    def __init__(self, paths: Sequence[PathMode]) -> None:
-        self._args = (paths,)
+    def __init__(self, paths: Sequence[PathMode], shallow: AbstractSet[str] = frozenset()) -> None:
+        self._args = (paths, shallow)
         self.paths = tuple(paths)
-        super().__init__(f"the request for {describe_paths(self.paths)} was cancelled")
+        self.shallow = frozenset(shallow)
+        requested = describe_paths(self.paths, self.shallow)
+        super().__init__(f"the request for {requested} was cancelled")
 
 
 class SchemaMismatch(PathLockError):

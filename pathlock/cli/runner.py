@@ -170,6 +170,7 @@ def _timed_out(error: LockTimeout, request: LockRequest) -> int:
         error.queued_behind,
         error.contended,
         error.unanswered,
+        error.shallow,
     )
     log.error("%s", told)
     return EXIT_FAILURE if error.unanswered else EXIT_TIMEOUT

@@ -95,10 +95,12 @@ def test_depths_are_all_or_nothing_in_one_request(locks: CustomerLocks) -> None:
     blocker = locks.lock_paths("/dst/new", owner="blocker", timeout=10)
     # A move: the source and the destination on their subtree, their parents
     # alone (shared: others may create files beside them).
-    with pytest.raises(LockTimeout):
+    with pytest.raises(LockTimeout) as refused:
         locks.lock_paths(
             "/src/old", "/dst/new", shared=["/src", "/dst"], shallow=["/src", "/dst"], timeout=0
         )
+    assert refused.value.shallow == {"/src", "/dst"}
+    assert "/dst (shared, depth 0), /dst/new (exclusive)" in str(refused.value)
     assert [lock.lease_id for lock in locks.list_locks()] == [blocker.lease_id]
     blocker.release()
     move = locks.lock_paths(

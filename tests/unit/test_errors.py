@@ -73,6 +73,9 @@ def _examples() -> list[PathLockError]:
         DeadlockDetected([("/a", SHARED)], [_info()]),
         DeadlockDetected([("/x", EXCLUSIVE)], [_info("/x")], _waiter(("/y", EXCLUSIVE))),
         LockTimeout([("/a/b", EXCLUSIVE)], 1.0, [], [_waiter(("/a", SHARED))]),
+        LockTimeout([("/a", EXCLUSIVE)], 1.0, [_info()], shallow=frozenset({"/a"})),
+        DeadlockDetected([("/a", SHARED)], [_info()], None, frozenset({"/a"})),
+        errors.LockCancelled([("/a", SHARED)], frozenset({"/a"})),
         LeaseLost("abc123", "expired"),
         BackendError("acquire", ConnectionError("gone away"), "check the server"),
         errors.SchemaMismatch("0003", "0005", True),
@@ -293,6 +296,16 @@ def test_invalid_path_short_values_are_not_truncated() -> None:
 
 
 # -- errors survive pickling (multiprocessing, concurrent.futures) -------------------
+
+
+def test_messages_say_which_requested_paths_are_at_depth_0() -> None:
+    timeout = LockTimeout([("/a", EXCLUSIVE), ("/b", SHARED)], 1.0, [], shallow={"/a"})
+    assert "could not lock /a (exclusive, depth 0), /b (shared) within 1 s" in str(timeout)
+    assert timeout.shallow == {"/a"}
+    deadlock = DeadlockDetected([("/a", SHARED)], [_info()], None, frozenset({"/a"}))
+    assert "request for /a (shared, depth 0) conflicts" in str(deadlock)
+    cancelled = errors.LockCancelled([("/a", SHARED)], frozenset({"/a"}))
+    assert "/a (shared, depth 0)" in str(cancelled)
 
 
 @pytest.mark.parametrize("error", _examples(), ids=lambda error: type(error).__name__)
