@@ -66,16 +66,14 @@ def waiters_ahead(
     it). Every other earlier waiter whose request conflicts with ``request`` is
     ahead.
     """
-    behind_owner: list[WaiterInfo] = []
     ahead: list[WaiterInfo] = []
-    behind: list[tuple[Locked, ...]] = []
+    behind_owner: list[tuple[Locked, ...]] = []  # the requests of those passed over
     for waiter in sorted(earlier, key=lambda info: info.ticket):
         paths = _request(waiter)
         if requests_conflict(paths, owner_locks) or any(
-            requests_conflict(paths, passed) for passed in behind
+            requests_conflict(paths, passed) for passed in behind_owner
         ):
-            behind_owner.append(waiter)
-            behind.append(paths)
+            behind_owner.append(paths)
         elif requests_conflict(paths, request):
             ahead.append(waiter)
     return ahead
