@@ -48,7 +48,8 @@ def may_conflict(first: Iterable[PathMode], second: Iterable[PathMode]) -> bool:
     return any(conflicts(mine, other) for mine in first for other in others)
 
 
-def _request(waiter: WaiterInfo) -> tuple[Locked, ...]:
+def waiter_request(waiter: WaiterInfo) -> tuple[Locked, ...]:
+    """A queued request's paths with their modes and depths."""
     return with_depth(waiter.paths, waiter.shallow)
 
 
@@ -69,7 +70,7 @@ def waiters_ahead(
     ahead: list[WaiterInfo] = []
     behind_owner: list[tuple[Locked, ...]] = []  # the requests of those passed over
     for waiter in sorted(earlier, key=lambda info: info.ticket):
-        paths = _request(waiter)
+        paths = waiter_request(waiter)
         if requests_conflict(paths, owner_locks) or any(
             requests_conflict(paths, passed) for passed in behind_owner
         ):
@@ -95,6 +96,8 @@ def deadlock_party(
     """
     holders = {info.owner.identity for info in blockers} - {owner.identity}
     for waiter in sorted(waiters, key=lambda info: info.ticket):
-        if waiter.owner.identity in holders and requests_conflict(_request(waiter), owner_locks):
+        if waiter.owner.identity in holders and requests_conflict(
+            waiter_request(waiter), owner_locks
+        ):
             return waiter
     return None

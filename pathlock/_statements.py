@@ -482,7 +482,7 @@ def shape(paths: Sequence[PathMode], shallow: AbstractSet[str] = frozenset()) ->
 
 # Stands in an empty list of paths a statement compares with: no path is ''
 # (an empty IN list is spelled as a subquery the server plans apart).
-_NO_PATH = ""
+NO_PATH = ""
 
 
 def conflict_parameters(
@@ -502,10 +502,10 @@ def conflict_parameters(
             for ancestor in ancestors(path):
                 listed[ancestor] = None
         for group, exclusive in (("x", True), ("s", False)):
-            parameters[f"{group}_on"] = list(on[exclusive]) or [_NO_PATH]
+            parameters[f"{group}_on"] = list(on[exclusive]) or [NO_PATH]
             parameters[f"{group}_above"] = [
                 path for path in above[exclusive] if path not in on[exclusive]
-            ] or [_NO_PATH]
+            ] or [NO_PATH]
     else:
         prefixes: list[tuple[int, int]] = []
         for k, (path, mode) in enumerate(paths):

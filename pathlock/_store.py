@@ -40,8 +40,8 @@ from pathlock._fairness import (
     deadlock_party,
     may_conflict,
     requests_conflict,
+    waiter_request,
     waiters_ahead,
-    with_depth,
 )
 from pathlock._parameters import grant_parameters, lean_parameters, waiter_parameters
 from pathlock._polls import Ask, SharedPolls
@@ -338,7 +338,7 @@ class _Picture:
         ahead: list[WaiterInfo] = []
         earlier = [info for info in queued if ticket is None or info.ticket < ticket]
         mine = request.locked()
-        if any(requests_conflict(with_depth(info.paths, info.shallow), mine) for info in earlier):
+        if any(requests_conflict(waiter_request(info), mine) for info in earlier):
             ahead = waiters_ahead(mine, earlier, owner_locks.get())
         # The youngest, as many as the read of the requests in the way
         # returns (see MAX_AHEAD).

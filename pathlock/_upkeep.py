@@ -20,6 +20,7 @@ from pathlock._statements import (
     LEASE_ROWS,
     LOCK_COLUMNS,
     LOCKS_REMOVED,
+    NO_PATH,
     NODE_CUSTOMERS,
     REAP_LOCKS,
     REAP_WAITERS,
@@ -107,8 +108,7 @@ class Upkeep:
         parameters: dict[str, Any] = {
             "c_id": customer_id,
             "on_path": path,
-            # No path is '': an empty list would be a subquery of its own.
-            "above_paths": (ancestors_of(path) if ancestors else []) or [""],
+            "above_paths": (ancestors_of(path) if ancestors else []) or [NO_PATH],
         }
         if descendants:
             parameters["below_low"], parameters["below_high"] = descendants_range(path)
