@@ -62,11 +62,16 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
 from pathlock.dialects import (
+    Bytes,
     Changed,
     Fenced,
     InsertedId,
     Now,
     NowPlus,
+    PathIn,
+    PathIs,
+    PathWithin,
+    family,
     force_index,
     insert_if_absent,
 )
@@ -177,8 +182,17 @@ class _IntegerRows(UserDefinedType[list[tuple[int, int]]]):
     def get_col_spec(self, **_kw: Any) -> str:  # pragma: no cover - never a column
         return "INTEGER"
 
-    def literal_processor(self, _dialect: Dialect) -> Callable[[Any], str]:
-        return _integer_rows
+    def literal_processor(self, dialect: Dialect) -> Callable[[Any], str]:
+        # A family may spell the table its own way (PostgreSQL plans
+        # thousands of UNION ALL branches in seconds: an array, instead).
+        each = family(dialect.name)
+        if each is None:
+            return _integer_rows
+
+        def spelled(rows: Sequence[tuple[int, int]]) -> str:
+            return each.integer_rows(rows) or _integer_rows(rows)
+
+        return spelled
 
 
 def _integer_rows(rows: Sequence[tuple[int, int]]) -> str:
@@ -255,9 +269,9 @@ def _on_or_above(group: str, table: Table) -> ColumnElement[bool]:
     covering their subtree: a lock at depth 0 on an ancestor does not reach
     the requested path."""
     return or_(
-        table.c.path.in_(bindparam(f"{group}_on", expanding=True)),
+        PathIn(table.c.path, bindparam(f"{group}_on", expanding=True)),
         and_(
-            table.c.path.in_(bindparam(f"{group}_above", expanding=True)),
+            PathIn(table.c.path, bindparam(f"{group}_above", expanding=True)),
             table.c.shallow == false(),
         ),
     )
@@ -301,7 +315,7 @@ def _met_by_prefixes(form: Shape, table: Table) -> tuple[Join, ColumnElement[boo
         table,
         and_(
             table.c.customer_id == bindparam("c_id"),
-            table.c.path == func.substr(requested.c.path, _ONE, prefix.c.n),
+            PathIs(table.c.path, func.substr(requested.c.path, _ONE, prefix.c.n)),
         ),
     )
     # A row on an ancestor meets the requested path if it covers its subtree.
@@ -312,10 +326,7 @@ def _met_by_prefixes(form: Shape, table: Table) -> tuple[Join, ColumnElement[boo
 def _descendants(group: str, count: int, table: Table = path_locks) -> ColumnElement[bool]:
     return _any(
         [
-            and_(
-                table.c.path >= bindparam(f"{group}_low_{n}"),
-                table.c.path < bindparam(f"{group}_high_{n}"),
-            )
+            PathWithin(table.c.path, bindparam(f"{group}_low_{n}"), bindparam(f"{group}_high_{n}"))
             for n in range(count)
         ]
     )
@@ -587,7 +598,7 @@ _GRANTED_COLUMNS = (
 )
 # The lease's data (pathlock._records.lease_data; NULL: none), given by the
 # request, or copied from its queue row by a release that hands it its paths.
-_DATA = bindparam("l_data", type_=LargeBinary)
+_DATA = Bytes(bindparam("l_data", type_=LargeBinary))
 _WAITER_DATA = (
     select(path_lock_waiters.c.data)
     .where(path_lock_waiters.c.ticket == bindparam("w_ticket", type_=BigInteger))
@@ -1328,19 +1339,14 @@ def locks_on(*, descendants: bool, include_expired: bool) -> Select[Any]:
     ``below_low`` up to ``below_high`` (see :func:`descendants_range`): the
     (customer, path) index, by path."""
     where: list[ColumnElement[bool]] = [
-        path_locks.c.path == bindparam("on_path"),
+        PathIs(path_locks.c.path, bindparam("on_path")),
         and_(
-            path_locks.c.path.in_(bindparam("above_paths", expanding=True)),
+            PathIn(path_locks.c.path, bindparam("above_paths", expanding=True)),
             path_locks.c.shallow == false(),
         ),
     ]
     if descendants:
-        where.append(
-            and_(
-                path_locks.c.path >= bindparam("below_low"),
-                path_locks.c.path < bindparam("below_high"),
-            )
-        )
+        where.append(PathWithin(path_locks.c.path, bindparam("below_low"), bindparam("below_high")))
     query = select(*LOCK_COLUMNS).where(path_locks.c.customer_id == bindparam("c_id"), or_(*where))
     if not include_expired:
         query = query.where(path_locks.c.expires_at > now())
@@ -1387,7 +1393,7 @@ def expired_batch(table: Table, key: Column[int]) -> tuple[Select[Any], Select[A
         select(key, table.c.customer_id)
         .where(table.c.expires_at <= bindparam("cutoff", type_=DateTime()))
         .order_by(table.c.expires_at)
-        .limit(bindparam("batch", type_=Integer))
+        .limit(bindparam("batch", type_=BigInteger))
     )
     hold = (
         select(key, table.c.customer_id)
@@ -1473,7 +1479,7 @@ UNCOUNTED = (
         ),
     )
     .order_by(customer_locks.c.customer_id)
-    .limit(bindparam("batch", type_=Integer))
+    .limit(bindparam("batch", type_=BigInteger))
 )
 
 

@@ -123,6 +123,7 @@ from pathlock._statements import (
 )
 from pathlock._transactions import Transactions, delete_counted
 from pathlock.dialects._commits import may_commit
+from pathlock.dialects.base import CHANGED_ROWS, INSERTED_ID
 from pathlock.errors import BackendError, PathLockError
 from pathlock.paths import normalize
 from pathlock.types import LockInfo, Owner, PathMode, WaiterInfo
@@ -989,7 +990,7 @@ class Store:
         inserted = connection.execute(statement, parameters).rowcount
         if not cls._all_or_none(connection, request, inserted):
             return False
-        connection.execute(LOCKS_ADDED, parameters)
+        connection.execute(LOCKS_ADDED, {"c_id": request.customer_id, CHANGED_ROWS: inserted})
         return True
 
     @staticmethod
@@ -1031,9 +1032,17 @@ class Store:
             connection.commit()
             return replies
         replies = []
+        dialect = self.dialect
         for statement, parameters in steps:
+            if replies and dialect.counts_from_client:
+                before = replies[-1]
+                parameters = {  # noqa: PLW2901 - the step's, with the reply before
+                    **parameters,
+                    CHANGED_ROWS: before.rowcount,
+                    INSERTED_ID: before.lastrowid,
+                }
             result = connection.execute(statement, parameters)
-            replies.append(batch.Reply(result.rowcount, result.lastrowid))
+            replies.append(batch.Reply(result.rowcount, dialect.inserted_id(result)))
         connection.commit()
         return replies
 

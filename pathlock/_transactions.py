@@ -32,7 +32,7 @@ from pathlock._statements import (
     VERSION,
 )
 from pathlock.dialects import READ_ONLY
-from pathlock.dialects.base import SERVER_SESSION, ServerSession
+from pathlock.dialects.base import CHANGED_ROWS, SERVER_SESSION, ServerSession
 from pathlock.errors import BackendError, CaseRuleMismatch, ContentionTimeout, DatabaseTimeout
 from pathlock.settings import DEFAULT, Settings
 
@@ -570,7 +570,7 @@ def delete_counted(
     rows, so the sentinel's count stays exact; the rows deleted."""
     deleted: int = connection.execute(statement, parameters).rowcount
     if deleted:
-        connection.execute(count, {"c_id": parameters["c_id"]})
+        connection.execute(count, {"c_id": parameters["c_id"], CHANGED_ROWS: deleted})
     return deleted
 
 

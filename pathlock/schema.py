@@ -85,6 +85,8 @@ _Timestamp = dialects.column_type("timestamp", DateTime())
 # A waiter's paths as JSON: up to 100,000 characters of paths and more.
 _LongText = dialects.column_type("long_text", Text())
 _LongBinary = dialects.column_type("long_binary", LargeBinary())
+# A path: compared byte for byte, ranges included (see path_locks).
+_Path = dialects.column_type("path", String(MAX_PATH_LENGTH))
 
 
 def _lease_data() -> Column[bytes]:
@@ -153,7 +155,7 @@ path_locks = Table(
     Column("id", _BigId, primary_key=True, autoincrement=True),
     Column("customer_id", BigInteger, nullable=False),
     Column("lease_id", String(LEASE_ID_LENGTH), nullable=False),
-    Column("path", String(MAX_PATH_LENGTH), nullable=False),
+    Column("path", _Path, nullable=False),
     Column("mode", String(9), nullable=False),
     *_owner_columns(),
     Column("fencing_token", BigInteger, nullable=False),
@@ -220,7 +222,7 @@ path_lock_waiter_paths = Table(
         nullable=False,
     ),
     Column("customer_id", BigInteger, nullable=False),
-    Column("path", String(MAX_PATH_LENGTH), nullable=False),
+    Column("path", _Path, nullable=False),
     Column("mode", String(9), nullable=False),
     _shallow(),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),

@@ -3,13 +3,24 @@ whose spelling differs between them (each family's module compiles them)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from sqlalchemy import URL, BigInteger, Connection, DateTime, Engine, Insert, create_engine
+from sqlalchemy import (
+    URL,
+    BigInteger,
+    Boolean,
+    Connection,
+    DateTime,
+    Engine,
+    Insert,
+    LargeBinary,
+    and_,
+    create_engine,
+)
 from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
 from sqlalchemy.exc import CompileError, DBAPIError
 from sqlalchemy.ext.compiler import compiles
@@ -20,6 +31,8 @@ from pathlock import _deadlines as deadlines
 from pathlock.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import CursorResult
+
     from pathlock.settings import Settings
 
 ISOLATION_LEVEL = "READ COMMITTED"
@@ -48,6 +61,15 @@ class ServerSession:
     id: int
     host: str
 
+
+CHANGED_ROWS = "pathlock_changed_rows"
+"""The bind parameter that stands for :class:`Changed` where the database
+cannot tell (:attr:`Dialect.counts_from_client`): the row count of the
+statement before, which the client passes."""
+
+INSERTED_ID = "pathlock_inserted_id"
+"""The bind parameter that stands for :class:`InsertedId` where the database
+cannot tell (:attr:`Dialect.counts_from_client`)."""
 
 READ_ONLY = "pathlock_read_only"
 """Execution option of a connection whose transaction only reads."""
@@ -104,6 +126,70 @@ def _unspelled(element: FunctionElement[Any], compiler: Any, **_kw: Any) -> str:
         f"pathlock has no SQL for {type(element).__name__} on {compiler.dialect.name}: "
         "its dialect module must compile it (see docs/EXTENDING.md)"
     )
+
+
+class Bytes(FunctionElement[bytes]):
+    """Its one argument, which holds bytes or NULL: spelled as it is, except
+    where the database must be told its type (PostgreSQL types a NULL
+    parameter as text)."""
+
+    type = LargeBinary()
+    inherit_cache = True
+
+
+@compiles(Bytes)
+def _bytes(element: Bytes, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.clauses, **kw))
+
+
+class PathIn(FunctionElement[bool]):
+    """``path IN (:values)``: ``path`` a column of paths, ``values`` an
+    expanding parameter. With :class:`PathIs` and :class:`PathWithin`, how
+    every statement looks paths up in the ``(customer_id, path)`` index,
+    spelled by a family whose index holds less than the whole path (see
+    :mod:`pathlock.dialects.postgresql`); elsewhere, the plain comparison."""
+
+    type = Boolean()
+    inherit_cache = True
+    # A condition as it stands (no "= 1" after it where booleans are numbers).
+    _is_implicitly_boolean = True
+
+
+class PathIs(FunctionElement[bool]):
+    """``path = value``: a lookup of the path index (see :class:`PathIn`)."""
+
+    type = Boolean()
+    inherit_cache = True
+    # A condition as it stands (no "= 1" after it where booleans are numbers).
+    _is_implicitly_boolean = True
+
+
+class PathWithin(FunctionElement[bool]):
+    """``low <= path AND path < high``: a range of the path index (see
+    :class:`PathIn`)."""
+
+    type = Boolean()
+    inherit_cache = True
+    # A condition as it stands (no "= 1" after it where booleans are numbers).
+    _is_implicitly_boolean = True
+
+
+@compiles(PathIn)
+def _path_in(element: PathIn, compiler: Any, **kw: Any) -> str:
+    path, values = element.clauses.clauses
+    return str(compiler.process(path.in_(values), **kw))
+
+
+@compiles(PathIs)
+def _path_is(element: PathIs, compiler: Any, **kw: Any) -> str:
+    path, value = element.clauses.clauses
+    return str(compiler.process(path == value, **kw))
+
+
+@compiles(PathWithin)
+def _path_within(element: PathWithin, compiler: Any, **kw: Any) -> str:
+    path, low, high = element.clauses.clauses
+    return str(compiler.process(and_(path >= low, path < high), **kw))
 
 
 class InsertIfAbsent(Insert):
@@ -235,6 +321,14 @@ class Dialect:
     to wait for a lock (:meth:`is_busy`). For an embedded database, whose
     driver calls are quick and many: an asyncio driver costs a hand-off
     between the loop and a thread per call."""
+
+    counts_from_client: ClassVar[bool] = False
+    """Whether the database cannot tell a statement how many rows the one
+    before it changed, or which id it generated (:class:`Changed`,
+    :class:`InsertedId`): the family compiles them as the bind parameters
+    :data:`CHANGED_ROWS` and :data:`INSERTED_ID`, whose values the store
+    passes from the previous statement's reply. Statements then travel one
+    by one (no batch can carry them)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -370,6 +464,18 @@ class Dialect:
         and wait for them to be gone, until the monotonic time ``ends``:
         those still there then. A family without such sessions has none."""
         return set()
+
+    def integer_rows(self, rows: Sequence[tuple[int, int]]) -> str | None:  # noqa: ARG002
+        """How the family writes a derived table of ``(k, n)`` pairs of
+        integers, columns ``k`` and ``n``, into a statement (a request's paths
+        and the lengths their ancestors are cut at); ``None`` (the default): a
+        ``UNION ALL`` of ``SELECT``s, nested in blocks."""
+        return None
+
+    def inserted_id(self, result: CursorResult[Any]) -> int:
+        """The id the INSERT whose reply is ``result`` generated (the DB-API's
+        ``lastrowid`` by default); 0 for any other statement."""
+        return result.lastrowid
 
     def enable_batches(self, engine: Engine) -> None:
         """Let connections of ``engine`` (one pathlock created) take several

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, Engine, delete, insert, select, text
+from sqlalchemy import Connection, Engine, delete, insert, select
 
 from pathlock._parameters import grant_parameters
 from pathlock._records import GrantRequest
@@ -28,6 +29,7 @@ from pathlock._statements import (
     blockers_query,
     conflict_parameters,
     grant_statement,
+    now,
     queued_in_the_way,
     shape,
 )
@@ -52,7 +54,8 @@ _OWNER = Owner("forms", 1, "t")
 @pytest.fixture
 def connection(raw_engine: Engine) -> Iterator[Connection]:
     with raw_engine.connect() as connection:
-        yield connection
+        # Row counts of INSERT ... SELECT on PostgreSQL too (as pathlock's engines).
+        yield connection.execution_options(preserve_rowcount=True)
 
 
 def _hold(connection: Connection, customer_id: int, held: list[_Held]) -> None:
@@ -60,35 +63,27 @@ def _hold(connection: Connection, customer_id: int, held: list[_Held]) -> None:
     each; and the same as queued requests, one path each, in that order."""
     _forget(connection, customer_id)
     connection.execute(insert(customer_locks).values(customer_id=customer_id, version=0))
-    now = (
-        "UTC_TIMESTAMP(6)"
-        if connection.dialect.name != "sqlite"
-        else "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    )
     for n, (path, mode, shallow, alive) in enumerate(held):
-        expiry = "2999-01-01 00:00:00" if alive else "2000-01-01 00:00:00"
+        # The columns hold UTC, without a zone.
+        expiry = datetime(2999, 1, 1) if alive else datetime(2000, 1, 1)  # noqa: DTZ001
+        owner = {"node_id": "forms", "pid": 1, "thread": "t", "owner_key": "", "reason": ""}
         connection.execute(
-            text(
-                "INSERT INTO path_locks (customer_id, lease_id, path, mode, node_id, pid, thread,"
-                " owner_key, reason, fencing_token, created_at, expires_at, shallow)"
-                f" VALUES (:c, :l, :p, :m, 'forms', 1, 't', '', '', :n, {now}, :expiry, :s)"
-            ),
-            {"c": customer_id, "l": f"held{n}", "p": path, "m": mode, "n": n}
-            | {"expiry": expiry, "s": shallow},
-        )
+            insert(path_locks).values(
+                customer_id=customer_id, lease_id=f"held{n}", path=path, mode=mode,
+                fencing_token=n, created_at=now(), expires_at=expiry, shallow=shallow,
+                **owner,
+            )
+        )  # fmt: skip
         ticket = connection.execute(
-            text(
-                "INSERT INTO path_lock_waiters (customer_id, lease_id, paths, node_id, pid,"
-                " thread, owner_key, reason, created_at, expires_at)"
-                f" VALUES (:c, :l, :j, 'forms', 1, 't', '', '', {now}, :expiry)"
-            ),
-            {
-                "c": customer_id,
-                "l": f"queued{n}",
-                "j": json.dumps([[path, mode, 0] if shallow else [path, mode]]),
-                "expiry": expiry,
-            },
-        ).lastrowid
+            insert(path_lock_waiters).values(
+                customer_id=customer_id,
+                lease_id=f"queued{n}",
+                paths=json.dumps([[path, mode, 0] if shallow else [path, mode]]),
+                created_at=now(),
+                expires_at=expiry,
+                **owner,
+            )
+        ).inserted_primary_key[0]
         connection.execute(
             insert(path_lock_waiter_paths).values(
                 ticket=ticket, customer_id=customer_id, path=path, mode=mode, shallow=shallow

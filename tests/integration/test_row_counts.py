@@ -17,12 +17,13 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pymysql
 import pytest
 from pymysql.constants import CLIENT, COMMAND
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import DateTime, Engine, bindparam, create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
 from pathlock import LockTimeout, Owner, PathLockManager
@@ -216,15 +217,14 @@ def _as_an_older_pathlock(engine: Engine, customer_id: int, path: str) -> None:
                 "INSERT INTO path_locks (customer_id, lease_id, path, mode, node_id, pid, thread,"
                 " reason, fencing_token, created_at, expires_at, owner_key)"
                 " SELECT customer_id, :l, :p, 'exclusive', 'older', 1, 't', '', version,"
-                " created, expires, '' FROM customer_locks, (SELECT :now AS created,"
-                " :later AS expires) AS times WHERE customer_id = :c"
-            ),
+                " :now, :later, '' FROM customer_locks WHERE customer_id = :c"
+            ).bindparams(bindparam("now", type_=DateTime), bindparam("later", type_=DateTime)),
             {
                 "c": customer_id,
                 "l": secrets.token_hex(16),
                 "p": path,
-                "now": "2020-01-01 00:00:00",
-                "later": "2999-01-01 00:00:00",
+                "now": datetime(2020, 1, 1),  # noqa: DTZ001 - UTC, as the columns hold it
+                "later": datetime(2999, 1, 1),  # noqa: DTZ001
             },
         )
 
