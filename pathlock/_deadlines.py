@@ -238,12 +238,18 @@ class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
         return built[1]
 
     def commit(self) -> None:
-        current = _current.get()
-        if current is not None:
-            current.commit_unanswered = True
-        super().commit()
-        if current is not None:
-            current.commit_unanswered = False
+        noting_unanswered(super().commit)
+
+
+def noting_unanswered(commit: Callable[[], None]) -> None:
+    """``commit()``, with :attr:`Limit.commit_unanswered` true until its reply
+    came (the COMMIT of a connection that keeps to the limits)."""
+    current = _current.get()
+    if current is not None:
+        current.commit_unanswered = True
+    commit()
+    if current is not None:
+        current.commit_unanswered = False
 
 
 class _BoundedCheckout:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 # read from that directory when pathlock is imported: on a server the library
 # never loads its migrations (a DBA runs them), so it runs today where they
 # are not files it could read (a zip, a frozen application, .pyc only).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011")
 """Every revision shipped, oldest first (a test checks them against the
 migrations): a recorded revision not among them was made by a newer pathlock."""
 REVISION = REVISIONS[-1]

@@ -25,7 +25,11 @@ os.environ[CONFIG_ENV_VAR] = ""
 
 MYSQL_URL = os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
-BACKENDS = ("mariadb", "sqlite")
+POSTGRESQL_URL = os.environ.get(
+    "PATHLOCK_TEST_POSTGRESQL_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+BACKENDS = ("mariadb", "sqlite", "postgresql")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,6 +69,27 @@ def mariadb_url() -> Iterator[str]:
     finally:
         with server.begin() as connection:
             connection.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        server.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgresql_url() -> Iterator[str]:
+    """The URL of a database of this test session on the PostgreSQL server,
+    migrated to the newest revision; dropped at the end."""
+    server_url = make_url(POSTGRESQL_URL)
+    name = f"pathlock_test_{secrets.token_hex(4)}"
+    # CREATE and DROP DATABASE cannot run inside a transaction.
+    server = create_engine(server_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    with server.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = server_url.set(database=name).render_as_string(hide_password=False)
+    try:
+        migrate.upgrade(url)
+        yield url
+        _counts_exact(url)
+    finally:
+        with server.connect() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         server.dispose()
 
 

@@ -3,6 +3,7 @@ of databases, behind one small interface (:class:`Dialect`), found by the
 name SQLAlchemy gives the engine's dialect.
 
 - :mod:`pathlock.dialects.mysql`: MySQL and MariaDB, Galera clusters included;
+- :mod:`pathlock.dialects.postgresql`: PostgreSQL;
 - :mod:`pathlock.dialects.sqlite`: the embedded SQLite file.
 
 A family is a module of this package whose :class:`Dialect` subclass sets its
@@ -69,6 +70,7 @@ _import_families()
 # The package's families by their class names, as before they registered
 # themselves; a new family need not be added here.
 from pathlock.dialects.mysql import MySQL  # noqa: E402
+from pathlock.dialects.postgresql import PostgreSQL  # noqa: E402
 from pathlock.dialects.sqlite import SQLite  # noqa: E402
 
 
@@ -170,6 +172,7 @@ __all__ = [
     "PathIn",
     "PathIs",
     "PathWithin",
+    "PostgreSQL",
     "SQLite",
     "column_type",
     "families",

@@ -30,6 +30,7 @@ from pathlock import (
     PathLockManager,
     SchemaMismatch,
     Settings,
+    dialects,
 )
 from pathlock import _batch as batch
 from pathlock._aio import spawn
@@ -551,16 +552,17 @@ def test_the_urls_of_both_apis(database_url: str, customer_id: int) -> None:
         family = url.get_backend_name()
         async with _manager(database_url) as manager:
             engine = manager._core.engine
-            if family == "mysql":
+            dialect = dialects.for_name(family)
+            if not dialect.async_on_threads:
                 assert is_async(engine)
-                assert engine.dialect.driver == "asyncmy"
+                assert _driver(engine) == dialect.async_driver
             else:  # the synchronous driver, each transaction on a worker thread
                 assert not is_async(engine)
-                assert engine.dialect.driver == "pysqlite"
+                assert _driver(engine) == dialect.drivers[0]
         # The asyncio driver's own spelling is taken as it is.
         own = url.set(drivername=_async_driver(database_url))
         async with _manager(own) as manager:
-            assert manager._core.engine.dialect.driver == own.get_driver_name()
+            assert _driver(manager._core.engine) == own.get_driver_name()
             assert (await manager.for_customer(customer_id).try_lock_paths("/x")) is not None
 
     run(main)
@@ -576,7 +578,13 @@ def test_the_urls_of_both_apis(database_url: str, customer_id: int) -> None:
 
 def _async_driver(url: str) -> str:
     backend = make_url(url).get_backend_name()
-    return "mysql+asyncmy" if backend == "mysql" else "sqlite+aiosqlite"
+    return f"{backend}+{dialects.for_name(backend).async_driver}"
+
+
+def _driver(engine: Any) -> str:
+    """The driver's name as a URL spells it (SQLAlchemy names psycopg's
+    asyncio dialect "psycopg", its URL "psycopg_async")."""
+    return str(engine.url.get_driver_name())
 
 
 def test_an_async_engine_passed_in(database_url: str, customer_id: int) -> None:

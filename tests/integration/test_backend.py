@@ -297,6 +297,8 @@ def test_bad_constructor_arguments() -> None:
     with pytest.raises(TypeError):
         PathLockManager(42)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="unsupported database"):
+        PathLockManager("oracle+oracledb://localhost/test")
+    with pytest.raises(InvalidArgument, match=r"write postgresql\+psycopg://"):
         PathLockManager("postgresql+psycopg2://localhost/test")
     with pytest.raises(InvalidArgument, match="ttl"):
         PathLockManager("mysql+pymysql://root@127.0.0.1/test", ttl=-1)

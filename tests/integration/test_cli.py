@@ -911,7 +911,7 @@ def test_errors_are_one_line(args: list[str], status: int) -> None:
     [
         (["db", "current", "mysql://nobody@127.0.0.1:1/none"], "write mysql+pymysql://"),
         (["db", "upgrade", "mariadb://nobody@127.0.0.1:1/none"], "write mariadb+pymysql://"),
-        (["db", "check", "postgresql://127.0.0.1:1/none"], "unsupported database 'postgresql'"),
+        (["db", "check", "postgresql+psycopg2://127.0.0.1:1/none"], "write postgresql+psycopg://"),
         (["db", "stamp", "0005", "foo://127.0.0.1:1/none"], "unsupported database 'foo'"),
         (["db", "downgrade", "0004", "not a url"], "not a database URL"),
         (["bench", "--quick", "--no-report", "mysql://nobody@127.0.0.1:1/none"], "write mysql+"),

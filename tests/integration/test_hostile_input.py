@@ -95,13 +95,19 @@ _ABSENT = dict.fromkeys(_TABLES, 0)
 
 def _stored(engine: Engine, lease_id: str, column: str = "path") -> list[tuple[str, str]]:
     """``column`` of a lease's rows as the database holds it: the UTF-8 bytes
-    in hex (HEX() on both backends), and the mode."""
+    in hex, and the mode."""
+    # PostgreSQL has no HEX(): its UTF-8 bytes, in hex, through encode().
+    hexed = (
+        f"UPPER(encode(convert_to({column}, 'UTF8'), 'hex'))"
+        if engine.dialect.name == "postgresql"
+        else f"HEX({column})"
+    )
     with engine.connect() as connection:
         rows = connection.execute(
-            text(f"SELECT HEX({column}), mode FROM path_locks WHERE lease_id = :l ORDER BY path"),
+            text(f"SELECT {hexed}, mode FROM path_locks WHERE lease_id = :l ORDER BY path"),
             {"l": lease_id},
         )
-        return [(str(hexed), str(mode)) for hexed, mode in rows]
+        return [(str(value), str(mode)) for value, mode in rows]
 
 
 def _hex(value: str) -> str:

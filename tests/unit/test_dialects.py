@@ -13,18 +13,19 @@ from typing import Any, ClassVar
 import pymysql
 import pytest
 from sqlalchemy import select
-from sqlalchemy.dialects import mysql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import CompileError, DBAPIError, OperationalError
+from sqlalchemy.schema import CreateIndex
 
 from pathlock import InvalidArgument, dialects
-from pathlock._statements import BUMP, CREATE_SENTINEL, LOCKS_REMOVED, now, now_plus
+from pathlock._statements import BUMP, CREATE_SENTINEL, LOCKS_REMOVED, locks_on, now, now_plus
 from pathlock.cli.arguments import build_parser
 from pathlock.dialects import base
-from pathlock.dialects.base import ASYNC_DRIVERS, Dialect
-from pathlock.schema import customer_locks
+from pathlock.dialects.base import ASYNC_DRIVERS, CHANGED_ROWS, Dialect
+from pathlock.schema import customer_locks, path_lock_waiter_paths, path_locks
 
-# A name no family claims, nor ever will: "postgresql" would be a family one day.
+# A name no family claims, nor ever will.
 UNKNOWN = "nosuchdb"
 
 
@@ -39,7 +40,8 @@ def _sqlite_error(code: int, message: str = "database is locked") -> DBAPIError:
 
 
 @pytest.mark.parametrize(
-    ("name", "family"), [("mysql", "MySQL"), ("mariadb", "MySQL"), ("sqlite", "SQLite")]
+    ("name", "family"),
+    [("mysql", "MySQL"), ("mariadb", "MySQL"), ("postgresql", "PostgreSQL"), ("sqlite", "SQLite")],
 )
 def test_families_are_found_by_sqlalchemys_dialect_name(name: str, family: str) -> None:
     assert type(dialects.for_name(name)).__name__ == family
@@ -279,7 +281,99 @@ def test_each_family_says_what_the_command_line_and_the_migrations_need() -> Non
     assert dialects.for_name("sqlite").offline_url("sqlite") == "sqlite://"
     assert dialects.sql_header("mysql").startswith("-- pathlock's tables, for MySQL 8.0")
     assert dialects.sql_header("sqlite") == "-- pathlock's tables, for SQLite."
+    assert dialects.sql_header("postgresql") == "-- pathlock's tables, for PostgreSQL."
+    assert dialects.for_name("postgresql").offline_url("postgresql") == "postgresql+psycopg://"
     assert dialects.for_name("sqlite").transactional_ddl
     assert not dialects.for_name("mysql").transactional_ddl
     assert {"asyncmy", "aiomysql", "aiosqlite"} <= set(ASYNC_DRIVERS)
     assert "pymysql" not in ASYNC_DRIVERS
+
+
+class _PgError(Exception):
+    """Stands for a psycopg error: its SQLSTATE in ``sqlstate``."""
+
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(f"SQLSTATE {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+def _postgresql_error(sqlstate: str) -> DBAPIError:
+    return OperationalError("statement", {}, _PgError(sqlstate))
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "transient", "lost_race", "node_failure", "missing_table", "duplicate"),
+    [
+        ("40P01", True, True, False, False, False),  # deadlock
+        ("40001", True, True, False, False, False),  # serialization failure
+        ("55P03", True, False, False, False, False),  # lock_timeout ran out
+        ("57014", True, False, False, False, False),  # statement_timeout, a cancel
+        ("57P01", True, False, True, False, False),  # the server shuts down
+        ("08006", False, False, True, False, False),  # connection failure
+        ("42P01", False, False, False, True, False),  # no such table
+        ("42P07", False, False, False, False, True),  # the table exists
+        ("23505", False, False, False, False, True),  # a unique violation
+        ("42601", False, False, False, False, False),  # a syntax error: fatal
+    ],
+)
+def test_postgresql_errors_are_sorted_by_their_sqlstate(
+    sqlstate: str,
+    transient: bool,
+    lost_race: bool,
+    node_failure: bool,
+    missing_table: bool,
+    duplicate: bool,
+) -> None:
+    dialect, error = dialects.for_name("postgresql"), _postgresql_error(sqlstate)
+    assert dialect.is_transient(error) is transient
+    assert dialect.is_lost_race(error) is lost_race
+    assert dialect.is_node_failure(error) is node_failure
+    assert dialect.is_missing_table(error) is missing_table
+    assert dialect.is_duplicate(error) is duplicate
+
+
+def test_postgresql_spells_the_shared_sql() -> None:
+    pg = postgresql.dialect()
+    assert str(CREATE_SENTINEL.compile(dialect=pg)).endswith(
+        " ON CONFLICT (customer_id) DO NOTHING"
+    )
+    assert str(now().compile(dialect=pg)) == "(statement_timestamp() AT TIME ZONE 'UTC')"
+    assert "make_interval(secs =>" in str(now_plus(customer_locks.c.version).compile(dialect=pg))
+    # No row count of the statement before: a parameter the store fills in.
+    assert f"%({CHANGED_ROWS})s" in str(LOCKS_REMOVED.compile(dialect=pg))
+    # Every lookup of a path names the index's expression beside the full comparison.
+    lookup = str(locks_on(descendants=True, include_expired=False).compile(dialect=pg))
+    assert "left(path_locks.path, 600) = left(%(on_path)s, 600)" in lookup
+    assert "left(path_locks.path, 600) >= left(%(below_low)s, 600)" in lookup
+    assert "left(path_locks.path, 600) <= left(%(below_high)s, 600)" in lookup
+    assert "path_locks.path < %(below_high)s" in lookup
+    # ... and on the others, the plain comparison alone.
+    assert "left(" not in str(
+        locks_on(descendants=True, include_expired=False).compile(dialect=mysql.dialect())
+    )
+
+
+def test_postgresql_makes_its_path_index_on_the_paths_first_characters() -> None:
+    created = {
+        str(CreateIndex(index).compile(dialect=postgresql.dialect()))
+        for table in (path_locks, path_lock_waiter_paths)
+        for index in table.indexes
+    }
+    assert (
+        "CREATE INDEX ix_path_locks_customer_id_path ON path_locks (customer_id, left(path, 600))"
+        in created
+    )
+    assert "CREATE INDEX ix_path_locks_lease_id ON path_locks (lease_id)" in created
+
+
+def test_a_postgresql_connection_that_failed_is_tried_again_elsewhere() -> None:
+    """psycopg says nothing but a message when it cannot connect, loses the
+    connection or runs out of time connecting: no SQLSTATE."""
+    dialect = dialects.for_name("postgresql")
+    for message in ("connection timeout expired", "connection failed: Connection refused"):
+        error = OperationalError("statement", {}, Exception(message))
+        assert dialect.is_transient(error)
+        assert dialect.is_node_failure(error)
+    timed_out = OperationalError("statement", {}, Exception("connection timeout expired"))
+    assert dialect.is_timeout(timed_out)
+    assert not dialect.is_lost_race(timed_out)

@@ -1,0 +1,80 @@
+"""The psycopg (version 3) connection that keeps to a call's time limit.
+
+Imported only when pathlock creates a PostgreSQL engine (psycopg is an
+extra: ``pip install 'pathlock[postgresql]'``).
+
+psycopg runs every exchange with the server through
+:meth:`psycopg.Connection.wait`, which takes a timeout (psycopg 3.2 and
+later). :class:`BoundedConnection` passes it the time left under the limit
+in force (:mod:`pathlock._deadlines`): a server that hangs or was stopped, a
+host that never answers, or a row lock held by a client that froze costs an
+attempt no more than its limit, at no cost in round trips. A wait that runs
+out leaves the protocol in an unknown state: the connection is closed (the
+server ends the session's transaction when it notices) and the call fails
+with an :class:`psycopg.OperationalError` that says "timed out", which
+SQLAlchemy takes for a lost connection (it invalidates it, so it never goes
+back to the pool).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors
+
+from pathlock import _deadlines as deadlines
+
+RV = TypeVar("RV")
+
+TIMED_OUT = "timed out: the call's time limit passed while waiting for the server"
+"""The message of the error a wait that ran out raises (``is_timeout``)."""
+
+
+class BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose waits for the server end with the time left
+    under the limit in force, and which says when a COMMIT got no reply
+    (:attr:`pathlock._deadlines.Limit.commit_unanswered`)."""
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        current = deadlines.current()
+        if current is None or current.ends == math.inf:
+            return super().wait(gen, interval, timeout)
+        left = max(current.ends - time.monotonic(), deadlines.SHORTEST_WAIT)
+        if timeout is None or left < timeout:
+            timeout = left
+        try:
+            return super().wait(gen, interval, timeout)
+        except errors._WaitTimeout:
+            # Part of a message may have been sent or read: nothing more can
+            # be said on this connection.
+            self.pgconn.finish()
+            raise psycopg.OperationalError(TIMED_OUT) from None
+
+    def __del__(self, *_: Any) -> None:
+        # A connection dropped without close(): by an interrupt between its
+        # connect and the pool taking it, or with the pool of an engine
+        # nobody disposed. The collector closes its socket either way (the
+        # server then ends the session), as PyMySQL's connections are; psycopg
+        # would also warn (ResourceWarning), which pathlock's own tests turn
+        # into failures at whatever test the collector happens to run in.
+        if getattr(self, "pgconn", None) is not None and not self.closed:
+            self.pgconn.finish()
+
+    def commit(self) -> None:
+        deadlines.noting_unanswered(super().commit)
+
+
+def connect(*cargs: Any, **cparams: Any) -> BoundedConnection:
+    """A new :class:`BoundedConnection` (SQLAlchemy's ``do_connect``): its
+    connect timeout shortened to the time left, in whole seconds (libpq's
+    unit; at least 2, libpq's least)."""
+    left = deadlines.time_left(None)
+    if left is not None:
+        seconds = max(2, math.ceil(left))
+        configured = cparams.get("connect_timeout")
+        if configured is None or int(configured) > seconds:
+            cparams["connect_timeout"] = seconds
+    return BoundedConnection.connect(*cargs, **cparams)

@@ -1,0 +1,389 @@
+"""PostgreSQL, over psycopg (version 3): ``pip install 'pathlock[postgresql]'``."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import (
+    URL,
+    BigInteger,
+    Connection,
+    Engine,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    event,
+    func,
+    literal_column,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
+from sqlalchemy.exc import DBAPIError, InvalidRequestError, OperationalError, SQLAlchemyError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateIndex
+from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from pathlock import _interrupts as interrupts
+from pathlock.dialects.base import (
+    CHANGED_ROWS,
+    INSERTED_ID,
+    ISOLATION_LEVEL,
+    SERVER_SESSION,
+    Bytes,
+    Changed,
+    Dialect,
+    Fenced,
+    InsertedId,
+    Now,
+    NowPlus,
+    PathIn,
+    PathIs,
+    PathWithin,
+    ServerSession,
+    is_async,
+    new_engine,
+)
+from pathlock.errors import BackendError
+from pathlock.paths import MAX_PATH_LENGTH
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import CursorResult
+
+    from pathlock.settings import Settings
+
+log = logging.getLogger("pathlock.store")
+
+# SQLSTATE codes (psycopg's errors carry them as .sqlstate).
+_SERIALIZATION_FAILURE = "40001"
+_DEADLOCK = "40P01"
+_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
+_QUERY_CANCELED = "57014"  # statement_timeout ran out
+_UNDEFINED_TABLE = "42P01"
+_DUPLICATE_TABLE = "42P07"
+_UNIQUE_VIOLATION = "23505"
+# Class 08 (connection exceptions) and 57P01-57P03 (the server shutting down,
+# crashed, or not yet accepting connections).
+_NODE_GONE = frozenset({"57P01", "57P02", "57P03"})
+_TRANSIENT = frozenset(
+    {_SERIALIZATION_FAILURE, _DEADLOCK, _LOCK_NOT_AVAILABLE, _QUERY_CANCELED} | _NODE_GONE
+)
+
+# The time at which the statement started, in UTC, as a TIMESTAMP WITHOUT
+# TIME ZONE (the columns' type): one value per statement, as MySQL's
+# UTC_TIMESTAMP(6) is, whatever the session's time zone.
+_NOW = "(statement_timestamp() AT TIME ZONE 'UTC')"
+
+# Paths compare code point by code point, trailing spaces included: the "C"
+# collation (byte order of UTF-8, which is code point order).
+PATH_COLLATION = "C"
+
+# A B-tree entry holds at most 2,704 bytes, and a path 4,000 characters (up
+# to 16,000 bytes in UTF-8): the path index holds the first 600 characters of
+# each path (2,400 bytes at most), ``left(path, 600)``, as MySQL's holds a
+# prefix of 700. Every lookup names that expression (PathIn, PathIs and
+# PathWithin below), so the planner finds the index; the full comparison
+# follows on the rows it narrows to. Cutting two paths at the same length
+# keeps their order (in code point order, a <= b gives left(a, n) <=
+# left(b, n)): a range of paths lies inside the range of their prefixes.
+PATH_KEY_LENGTH = 600
+
+
+def _connection_failed(error: DBAPIError) -> bool:
+    """The connection could not be made, or was lost, or timed out: psycopg
+    raises these as OperationalError without a SQLSTATE (the server said
+    nothing), as PyMySQL raises 2003, 2006 and 2013."""
+    return isinstance(error, OperationalError) and _sqlstate(error) is None
+
+
+def _sqlstate(error: DBAPIError) -> str | None:
+    state = getattr(error.orig, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+class PostgreSQL(Dialect):
+    names = ("postgresql",)
+    # The sentinel write returns its new version (UPDATE ... RETURNING).
+    token_from_reply = False
+    insert_if_absent = ""
+    insert_if_absent_clause = "ON CONFLICT ({key}) DO NOTHING"
+    drivers = ("psycopg",)
+    async_driver = "psycopg_async"
+    async_drivers = frozenset({"psycopg_async"})
+    counts_from_client = True
+    column_types: ClassVar[dict[str, TypeEngine[Any]]] = {
+        "path": String(MAX_PATH_LENGTH, collation=PATH_COLLATION),
+        "timestamp": postgresql.TIMESTAMP(precision=6),
+        "long_binary": postgresql.BYTEA(),
+    }
+
+    def integer_rows(self, rows: Sequence[tuple[int, int]]) -> str:
+        # Two arrays unnested side by side: planned at once, where thousands
+        # of UNION ALL branches took the planner seconds (80 s for the
+        # largest request). Integers only (%d).
+        ks = ",".join(f"{operator.index(k):d}" for k, _ in rows)
+        ns = ",".join(f"{operator.index(n):d}" for _, n in rows)
+        return f"SELECT k, n FROM unnest('{{{ks}}}'::integer[], '{{{ns}}}'::integer[]) AS t(k, n)"
+
+    def offline_url(self, name: str) -> str:
+        return f"{name}+psycopg://"
+
+    def sql_header(self, name: str) -> str:  # noqa: ARG002 - one name
+        return "-- pathlock's tables, for PostgreSQL."
+
+    def skips_locked_rows(self, dialect: SQLAlchemyDialect) -> bool:  # noqa: ARG002
+        return True  # FOR UPDATE SKIP LOCKED since PostgreSQL 9.5
+
+    def server_version(self, connection: Connection) -> str:
+        version = str(connection.exec_driver_sql("SHOW server_version").scalar())
+        return f"PostgreSQL {version}"
+
+    def open_engine(self, url: URL, engine_options: dict[str, Any], settings: Settings) -> Engine:
+        # As on MySQL: no rollback when a connection goes back to the pool
+        # (every operation ends its transaction itself).
+        options: dict[str, Any] = {
+            "pool_recycle": 3600,
+            "pool_reset_on_return": None,
+            # No hstore columns: no look-up of its type on the first connect.
+            "use_native_hstore": False,
+            **engine_options,
+        }
+        options["isolation_level"] = ISOLATION_LEVEL
+        # Row counts of INSERT ... SELECT (a grant's rows) as the server
+        # reports them: SQLAlchemy keeps them for UPDATE and DELETE only.
+        options["execution_options"] = {
+            **options.get("execution_options", {}),
+            "preserve_rowcount": True,
+        }
+        options["connect_args"] = {**_session_options(settings), **options.get("connect_args", {})}
+        try:
+            engine = new_engine(url, **options)
+        except ImportError as error:
+            raise BackendError(
+                "creating the database engine", error, "pip install 'pathlock[postgresql]'"
+            ) from error
+        except (SQLAlchemyError, ValueError) as error:
+            raise BackendError("creating the database engine", error) from error
+        if not is_async(engine):
+            # (asyncio engines: every attempt runs under an asyncio timeout.)
+            event.listen(engine, "do_connect", _bounded_connect)
+        event.listen(engine, "connect", _read_session)
+        return engine
+
+    def adopt(self, engine: Engine, settings: Settings) -> tuple[Engine, bool]:
+        adopted, owned = super().adopt(engine, settings)
+        # Row counts of INSERT ... SELECT, as for the engines pathlock opens.
+        return adopted.execution_options(preserve_rowcount=True), owned
+
+    def is_transient(self, error: DBAPIError) -> bool:
+        return (
+            super().is_transient(error)
+            or _sqlstate(error) in _TRANSIENT
+            or _connection_failed(error)
+        )
+
+    def is_lost_race(self, error: DBAPIError) -> bool:
+        return _sqlstate(error) in (_DEADLOCK, _SERIALIZATION_FAILURE)
+
+    def is_node_failure(self, error: DBAPIError) -> bool:
+        state = _sqlstate(error)
+        return state in _NODE_GONE or (state or "").startswith("08") or _connection_failed(error)
+
+    def is_missing_table(self, error: DBAPIError) -> bool:
+        return _sqlstate(error) == _UNDEFINED_TABLE
+
+    def is_timeout(self, error: DBAPIError) -> bool:
+        # A wait that ran out of the call's time (_psycopg.py), or a connect
+        # that did (psycopg's ConnectionTimeout: "connection timeout expired").
+        message = str(error.orig)
+        return "timed out" in message or "timeout expired" in message
+
+    def is_duplicate(self, error: DBAPIError) -> bool:
+        return _sqlstate(error) in (_DUPLICATE_TABLE, _UNIQUE_VIOLATION)
+
+    def inserted_id(self, result: CursorResult[Any]) -> int:
+        # No lastrowid: SQLAlchemy adds RETURNING of the key to an INSERT of
+        # one row of values into a table whose key the database generates.
+        if not result.context.isinsert:
+            return 0
+        try:
+            key = result.inserted_primary_key
+        except InvalidRequestError:  # INSERT ... SELECT
+            return 0
+        return 0 if key is None or key[0] is None else int(key[0])
+
+    def end_sessions(
+        self, connection: Connection, sessions: Collection[ServerSession], ends: float
+    ) -> set[ServerSession]:
+        # A server runs what a client sent, COMMIT and all, even after the
+        # client hung up (it notices only when it answers): the session of a
+        # dropped connection is ended, and waited for, before anything else
+        # is written for its request (see Dialect.end_sessions).
+        left = set(sessions)
+        while True:
+            left &= _listed(connection, left)
+            if left:
+                connection.exec_driver_sql(_TERMINATE, ([session.id for session in left],))
+            connection.rollback()
+            if not left or time.monotonic() >= ends:
+                return left
+            time.sleep(0.005)
+
+
+def _session_options(settings: Settings) -> dict[str, Any]:
+    """libpq's connection parameters of pathlock's sessions: the server
+    gives up a row-lock wait after ``lock_wait_timeout`` seconds (transient:
+    retried), ends a session that sits idle in a transaction for
+    ``idle_transaction_timeout`` (a frozen client must not hold its
+    customer's sentinel row), and the kernel gives up on a peer that stopped
+    answering (keepalives, unacknowledged data)."""
+    server = (
+        f"-c lock_timeout={settings.lock_wait_timeout * 1000:d}"
+        f" -c idle_in_transaction_session_timeout={settings.idle_transaction_timeout * 1000:d}"
+    )
+    socket_ms = max(1000, round(settings.socket_timeout * 1000))
+    return {
+        "options": server,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+        "tcp_user_timeout": socket_ms,
+        "connect_timeout": max(2, round(settings.socket_timeout)),
+    }
+
+
+def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:
+    # Connections whose waits end with their caller's time (_psycopg.py). A
+    # wait on the network: a Ctrl-C may end it (interrupts.py).
+    from pathlock.dialects import _psycopg  # noqa: PLC0415 - psycopg is an extra
+
+    with interrupts.let_through():
+        return _psycopg.connect(*cargs, **cparams)
+
+
+_SESSION = "SELECT pg_backend_pid(), COALESCE(host(inet_client_addr()), '')"
+_LISTED = "SELECT pid, COALESCE(host(client_addr), '') FROM pg_stat_activity WHERE pid = ANY(%s)"
+_TERMINATE = "SELECT pg_terminate_backend(pid) FROM unnest(%s::integer[]) AS pid"
+
+
+def _read_session(dbapi_connection: Any, record: Any) -> None:
+    """Record the connection's session on the server (one round trip, once
+    per connection): what ends it if the connection is dropped in the middle
+    of an operation (:meth:`PostgreSQL.end_sessions`)."""
+    with interrupts.let_through():
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(_SESSION)
+            row = cursor.fetchone()
+            # The read began a transaction (psycopg's default): end it.
+            dbapi_connection.rollback()
+        finally:
+            cursor.close()
+    if row is not None:
+        record.info[SERVER_SESSION] = ServerSession(int(row[0]), str(row[1]))
+
+
+def _listed(connection: Connection, sessions: Collection[ServerSession]) -> set[ServerSession]:
+    """Those of ``sessions`` the server still lists."""
+    if not sessions:
+        return set()
+    rows = connection.exec_driver_sql(_LISTED, ([session.id for session in sessions],))
+    return {ServerSession(int(row[0]), str(row[1])) for row in rows} & set(sessions)
+
+
+@compiles(Now, "postgresql")
+def _now(_element: Now, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return _NOW
+
+
+@compiles(NowPlus, "postgresql")
+def _now_plus(element: NowPlus, compiler: SQLCompiler, **kw: Any) -> str:
+    microseconds = compiler.process(element.clauses, **kw)
+    return f"({_NOW} + make_interval(secs => ({microseconds}) / 1000000.0))"
+
+
+def _key(path: Any) -> Any:
+    """The part of ``path`` the path index holds (``left(path, 600)``, the
+    length written in the SQL: a parameter would not match the index)."""
+    return func.left(path, literal_column(str(PATH_KEY_LENGTH), Integer))
+
+
+class _PathKey(TypeDecorator[str]):
+    """A parameter of paths whose every value is sent cut to the index's
+    length (each element of an expanding list too)."""
+
+    impl = String
+    cache_ok = True
+
+    def bind_expression(self, bindvalue: Any) -> Any:
+        return _key(bindvalue)
+
+
+@compiles(PathIn, "postgresql")
+def _path_in(element: PathIn, compiler: SQLCompiler, **kw: Any) -> str:
+    path, values = element.clauses.clauses
+    keys = bindparam(values.key, expanding=True, type_=_PathKey())
+    return str(compiler.process(and_(_key(path).in_(keys), path.in_(values)), **kw))
+
+
+@compiles(PathIs, "postgresql")
+def _path_is(element: PathIs, compiler: SQLCompiler, **kw: Any) -> str:
+    path, value = element.clauses.clauses
+    return str(compiler.process(and_(_key(path) == _key(value), path == value), **kw))
+
+
+@compiles(PathWithin, "postgresql")
+def _path_within(element: PathWithin, compiler: SQLCompiler, **kw: Any) -> str:
+    path, low, high = element.clauses.clauses
+    key = _key(path)
+    return str(
+        compiler.process(and_(key >= _key(low), key <= _key(high), path >= low, path < high), **kw)
+    )
+
+
+@compiles(CreateIndex, "postgresql")
+def _create_index(element: CreateIndex, compiler: DDLCompiler, **kw: Any) -> str:
+    # The (customer_id, path) index of pathlock's tables (their metadata says
+    # so) holds the paths' first characters; any other index passes through.
+    index = element.element
+    table = index.table
+    columns = [column.name for column in index.columns]
+    if (
+        table is None
+        or not table.metadata.info.get("pathlock")
+        or columns != ["customer_id", "path"]
+    ):
+        return str(compiler.visit_create_index(element, **kw))  # type: ignore[no-untyped-call]
+    preparer = compiler.preparer
+    return (
+        f"CREATE INDEX {preparer.format_index(index)} ON {preparer.format_table(table)}"
+        f" (customer_id, left(path, {PATH_KEY_LENGTH:d}))"
+    )
+
+
+@compiles(Bytes, "postgresql")
+def _bytes(element: Bytes, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"CAST({compiler.process(element.clauses, **kw)} AS BYTEA)"
+
+
+@compiles(Fenced, "postgresql")
+def _fenced(element: Fenced, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.process(element.clauses, **kw))
+
+
+# PostgreSQL cannot tell a statement what the one before it changed: the
+# client passes it (Dialect.counts_from_client).
+@compiles(Changed, "postgresql")
+def _changed(_element: Changed, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.process(bindparam(CHANGED_ROWS, type_=BigInteger), **kw))
+
+
+@compiles(InsertedId, "postgresql")
+def _inserted_id(_element: InsertedId, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.process(bindparam(INSERTED_ID, type_=BigInteger), **kw))

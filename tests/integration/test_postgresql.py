@@ -1,0 +1,197 @@
+"""What PostgreSQL does differently, attacked on a real server: waits bounded
+by the call's time (a server that never answers, a network path that drops
+everything, a client frozen inside its transaction), the session of a
+dropped connection ended, paths longer than an index entry, and the
+planner's time for the largest requests. The conformance suite runs on
+PostgreSQL through the ``database_url`` fixture like on every backend."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import make_url, text
+from sqlalchemy.exc import DBAPIError
+
+from pathlock import BackendError, LockTimeout, PathLockManager, Settings, dialects
+from pathlock.dialects.base import SERVER_SESSION, ServerSession
+from tests.integration.conftest import TcpProxy
+
+FAST = Settings(try_time=2.0, call_time=2.0, close_time=2.5, schema_check_time=0.5)
+# psycopg waits at least 2 s for a connection (libpq's least connect_timeout).
+SLACK = 2.5
+
+
+def _timed(call: Any) -> tuple[BaseException | None, float]:
+    started = time.monotonic()
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        return error, time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+def test_a_server_that_never_answers_costs_a_request_its_timeout(
+    silent_port: int, customer_id: int
+) -> None:
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_port}/postgres"
+    with PathLockManager(url, heartbeat=False, settings=FAST) as manager:
+        locks = manager.for_customer(customer_id)
+        error, took = _timed(lambda: locks.lock_paths("/a", timeout=1))
+        assert isinstance(error, LockTimeout), repr(error)
+        assert error.unanswered
+        assert took < 1 + FAST.grace + SLACK
+        error, took = _timed(lambda: locks.try_lock_paths("/a"))
+        assert isinstance(error, BackendError), repr(error)
+        assert isinstance(error, TimeoutError), repr(error)
+        assert took < FAST.try_time + FAST.grace + SLACK
+
+
+@pytest.fixture
+def pg_proxy(postgresql_url: str) -> Iterator[TcpProxy]:
+    url = make_url(postgresql_url)
+    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
+    yield proxy
+    proxy.cut()
+
+
+def test_a_network_path_that_drops_everything_costs_a_request_its_timeout(
+    postgresql_url: str, pg_proxy: TcpProxy, customer_id: int
+) -> None:
+    """A pooled connection whose packets stop getting through (the server
+    alive, the path to it gone): every wait ends with the call's time."""
+    through = make_url(postgresql_url).set(host="127.0.0.1", port=pg_proxy.port)
+    with PathLockManager(through, heartbeat=False, settings=FAST) as manager:
+        locks = manager.for_customer(customer_id)
+        locks.lock_paths("/a").release()  # a pooled connection, alive
+        pg_proxy.freeze()
+        error, took = _timed(lambda: locks.lock_paths("/b", timeout=1))
+        assert isinstance(error, LockTimeout), repr(error)
+        assert took < 1 + FAST.grace + SLACK
+        error, took = _timed(lambda: locks.try_lock_paths("/b"))
+        assert isinstance(error, TimeoutError), repr(error)
+        assert took < FAST.try_time + FAST.grace + SLACK
+    # Nothing reached the server, or it was ended: /b is free.
+    with PathLockManager(postgresql_url, heartbeat=False) as direct:
+        lease = direct.for_customer(customer_id).try_lock_paths("/b")
+        assert lease is not None
+        lease.release()
+
+
+def _freeze_inside_a_transaction(url: str, customer_id: int, ready: Any) -> None:
+    with PathLockManager(url, heartbeat=False) as manager:
+        manager.for_customer(customer_id).lock_paths("/before").release()  # the sentinel row
+        # A session of pathlock's, as a grant leaves it between its statements.
+        with manager.engine.connect() as connection:
+            connection.execute(
+                text("UPDATE customer_locks SET version = version WHERE customer_id = :c"),
+                {"c": customer_id},
+            )
+            ready.set()
+            time.sleep(3600)  # stopped here by SIGSTOP, holding the row
+
+
+def test_a_client_frozen_inside_a_transaction_holds_its_customer_for_seconds_only(
+    postgresql_url: str, customer_id: int
+) -> None:
+    """pathlock's sessions set idle_in_transaction_session_timeout: a client
+    stopped inside a transaction on a customer's row loses its session
+    within seconds, and the customer's grants go on."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    frozen = context.Process(
+        target=_freeze_inside_a_transaction, args=(postgresql_url, customer_id, ready), daemon=True
+    )
+    frozen.start()
+    try:
+        assert ready.wait(60), "the client did not take the row"
+        assert frozen.pid is not None
+        os.kill(frozen.pid, signal.SIGSTOP)
+        with PathLockManager(postgresql_url, heartbeat=False) as manager:
+            lease = manager.for_customer(customer_id).lock_paths("/after", timeout=25)
+            lease.release()
+    finally:
+        if frozen.pid is not None:
+            os.kill(frozen.pid, signal.SIGKILL)
+        frozen.join(10)
+
+
+def test_pathlocks_sessions_end_when_they_sit_idle_in_a_transaction(postgresql_url: str) -> None:
+    """The server ends a session of pathlock's that sits inside a transaction
+    for longer than ``idle_transaction_timeout``: what frees a customer's
+    row from a client that froze mid-transaction."""
+    settings = Settings(idle_transaction_timeout=1)
+    with PathLockManager(postgresql_url, heartbeat=False, settings=settings) as manager:
+        engine = manager.engine
+        with engine.connect() as connection:
+            shown = connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar()
+            assert shown == "1s"
+            connection.exec_driver_sql("SELECT 1")  # inside a transaction now
+            time.sleep(2.5)
+            with pytest.raises(DBAPIError):
+                connection.exec_driver_sql("SELECT 1")
+
+
+def test_the_session_of_a_dropped_connection_is_ended(postgresql_url: str) -> None:
+    """Each connection of pathlock's records its server session; ending it
+    from another connection waits until the server no longer lists it."""
+    dialect = dialects.for_name("postgresql")
+    with PathLockManager(postgresql_url, heartbeat=False) as manager:
+        engine = manager.engine
+        victim = engine.connect()
+        session = victim.connection._connection_record.info[SERVER_SESSION]  # type: ignore[union-attr]
+        assert isinstance(session, ServerSession)
+        assert session.id == victim.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        with engine.connect() as other:
+            assert dialect.end_sessions(other, [session], time.monotonic() + 10) == set()
+            listed = other.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": session.id}
+            ).scalar()
+            other.rollback()
+        assert listed == 0
+        victim.invalidate()
+        victim.close()
+
+
+def test_a_path_longer_than_an_index_entry_locks_exactly_itself(
+    postgresql_url: str, customer_id: int
+) -> None:
+    """A B-tree entry holds 2,704 bytes: a path of 4,000 characters that do
+    not compress (up to 16,000 bytes) failed to insert ("index row size
+    exceeds btree maximum") before the index held a prefix of the path."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz\U0001f600é"
+    stem = "/" + "".join(secrets.choice(alphabet) for _ in range(2990))
+    long_path = stem + "/" + "".join(secrets.choice(alphabet) for _ in range(1000))
+    sibling = stem + "/" + "".join(secrets.choice(alphabet) for _ in range(1000))
+    with (
+        PathLockManager(postgresql_url, heartbeat=False) as first,
+        PathLockManager(postgresql_url, heartbeat=False) as second,
+    ):
+        mine, theirs = first.for_customer(customer_id), second.for_customer(customer_id)
+        with mine.lock_paths(long_path):
+            assert theirs.try_lock_paths(long_path) is None
+            assert theirs.try_lock_paths(stem) is None  # an ancestor
+            other = theirs.try_lock_paths(sibling)  # shares the index's prefix
+            assert other is not None
+            other.release()
+            assert [lock.path for lock in mine.locks_on(stem, descendants=True)] == [long_path]
+        with mine.lock_paths(stem):
+            assert theirs.try_lock_paths(long_path) is None  # a descendant
+
+
+def test_the_largest_request_is_planned_in_time(postgresql_url: str, customer_id: int) -> None:
+    """1,000 paths of 49 components: the lengths their ancestors are cut at
+    were 49,000 UNION ALL branches, which PostgreSQL took 80 s to plan (an
+    array now). A grant within the default call time, not a timeout."""
+    emoji = "\U0001f600"
+    wide = [f"/{n:03d}" + f"/{emoji}" * 48 for n in range(1000)]
+    with PathLockManager(postgresql_url, heartbeat=False) as manager:
+        lease = manager.for_customer(customer_id).lock_paths(*wide, timeout=10)
+        assert len(lease.paths) == len(wide)
+        lease.release()
