@@ -4,26 +4,33 @@ Imported only when pathlock creates a PostgreSQL engine (psycopg is an
 extra: ``pip install 'pathlock[postgresql]'``).
 
 psycopg runs every exchange with the server through
-:meth:`psycopg.Connection.wait`, which takes a timeout (psycopg 3.2 and
-later). :class:`BoundedConnection` passes it the time left under the limit
-in force (:mod:`pathlock._deadlines`): a server that hangs or was stopped, a
-host that never answers, or a row lock held by a client that froze costs an
-attempt no more than its limit, at no cost in round trips. A wait that runs
-out leaves the protocol in an unknown state: the connection is closed (the
-server ends the session's transaction when it notices) and the call fails
-with an :class:`psycopg.OperationalError` that says "timed out", which
-SQLAlchemy takes for a lost connection (it invalidates it, so it never goes
-back to the pool).
+:meth:`psycopg.Connection.wait`, which takes a timeout (psycopg 3.3.6 and
+later: importing this module refuses an older one). :class:`BoundedConnection`
+passes it the time left under the limit in force (:mod:`pathlock._deadlines`):
+a server that hangs or was stopped, a host that never answers, or a row lock
+held by a client that froze costs an attempt no more than its limit, at no
+cost in round trips. A wait that runs out leaves the protocol in an unknown
+state: the connection is closed (the server ends the session's transaction
+when it notices) and the call fails with an :class:`psycopg.OperationalError`
+that says "timed out", which SQLAlchemy takes for a lost connection (it
+invalidates it, so it never goes back to the pool).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors
+
+if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
+    raise ImportError(
+        "pathlock needs psycopg 3.3.6 or later (its waits take a timeout),"
+        f" not {psycopg.__version__}"
+    )
 
 from pathlock import _deadlines as deadlines
 

@@ -162,6 +162,8 @@ class PostgreSQL(Dialect):
         }
         options["connect_args"] = {**_session_options(settings), **options.get("connect_args", {})}
         try:
+            if url.get_driver_name() == "psycopg":
+                from pathlock.dialects import _psycopg  # noqa: F401, PLC0415 - an extra
             engine = new_engine(url, **options)
         except ImportError as error:
             raise BackendError(
