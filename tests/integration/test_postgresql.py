@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import make_url, text
 from sqlalchemy.exc import DBAPIError
 
+import pathlock.dialects
 from pathlock import BackendError, LockTimeout, PathLockManager, Settings, dialects
 from pathlock.dialects.base import SERVER_SESSION, ServerSession
 from tests.integration.conftest import TcpProxy
@@ -195,3 +197,21 @@ def test_the_largest_request_is_planned_in_time(postgresql_url: str, customer_id
         lease = manager.for_customer(customer_id).lock_paths(*wide, timeout=10)
         assert len(lease.paths) == len(wide)
         lease.release()
+
+
+def test_a_psycopg_whose_waits_take_no_timeout_is_refused(
+    postgresql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before 3.3.6 psycopg's Connection.wait() took no timeout: the bounded
+    wait would fail at the first statement with a TypeError."""
+    import psycopg  # noqa: PLC0415 - the extra, on this backend only
+
+    def old_wait(self: Any, gen: Any, interval: float = 0.1) -> Any:  # noqa: ARG001
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(psycopg.Connection, "wait", old_wait)
+    # Imported afresh, as in a process that has a psycopg older than 3.3.6.
+    monkeypatch.delitem(sys.modules, "pathlock.dialects._psycopg", raising=False)
+    monkeypatch.delattr(pathlock.dialects, "_psycopg", raising=False)
+    with pytest.raises(BackendError, match=r"psycopg 3\.3\.6 or later"):
+        PathLockManager(postgresql_url, heartbeat=False)
