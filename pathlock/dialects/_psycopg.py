@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
-import time
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import errors
@@ -34,8 +33,6 @@ if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
 
 from pathlock import _deadlines as deadlines
 
-RV = TypeVar("RV")
-
 TIMED_OUT = "timed out: the call's time limit passed while waiting for the server"
 """The message of the error a wait that ran out raises (``is_timeout``)."""
 
@@ -46,14 +43,11 @@ class BoundedConnection(psycopg.Connection[Any]):
     (:attr:`pathlock._deadlines.Limit.commit_unanswered`)."""
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        current = deadlines.current()
-        if current is None or current.ends == math.inf:
+        bounded = deadlines.time_left(timeout)
+        if bounded == timeout:  # no limit in force, or none sooner
             return super().wait(gen, interval, timeout)
-        left = max(current.ends - time.monotonic(), deadlines.SHORTEST_WAIT)
-        if timeout is None or left < timeout:
-            timeout = left
         try:
-            return super().wait(gen, interval, timeout)
+            return super().wait(gen, interval, bounded)
         except errors._WaitTimeout:
             # Part of a message may have been sent or read: nothing more can
             # be said on this connection.

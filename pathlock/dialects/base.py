@@ -142,11 +142,10 @@ def _bytes(element: Bytes, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(element.clauses, **kw))
 
 
-class PathIn(FunctionElement[bool]):
-    """``path IN (:values)``: ``path`` a column of paths, ``values`` an
-    expanding parameter. With :class:`PathIs` and :class:`PathWithin`, how
-    every statement looks paths up in the ``(customer_id, path)`` index,
-    spelled by a family whose index holds less than the whole path (see
+class _PathLookup(FunctionElement[bool]):
+    """How every statement looks paths up in the ``(customer_id, path)``
+    index (:class:`PathIn`, :class:`PathIs`, :class:`PathWithin`), spelled
+    by a family whose index holds less than the whole path (see
     :mod:`pathlock.dialects.postgresql`); elsewhere, the plain comparison."""
 
     type = Boolean()
@@ -155,23 +154,23 @@ class PathIn(FunctionElement[bool]):
     _is_implicitly_boolean = True
 
 
-class PathIs(FunctionElement[bool]):
-    """``path = value``: a lookup of the path index (see :class:`PathIn`)."""
+class PathIn(_PathLookup):
+    """``path IN (:values)``: ``path`` a column of paths, ``values`` an
+    expanding parameter."""
 
-    type = Boolean()
     inherit_cache = True
-    # A condition as it stands (no "= 1" after it where booleans are numbers).
-    _is_implicitly_boolean = True
 
 
-class PathWithin(FunctionElement[bool]):
-    """``low <= path AND path < high``: a range of the path index (see
-    :class:`PathIn`)."""
+class PathIs(_PathLookup):
+    """``path = value``."""
 
-    type = Boolean()
     inherit_cache = True
-    # A condition as it stands (no "= 1" after it where booleans are numbers).
-    _is_implicitly_boolean = True
+
+
+class PathWithin(_PathLookup):
+    """``low <= path AND path < high``."""
+
+    inherit_cache = True
 
 
 @compiles(PathIn)
