@@ -69,7 +69,10 @@ def supports_batches(connection: Connection) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _compiled(statement: Executable, dialect: Dialect) -> Compiled:
-    return statement.compile(dialect=dialect)  # type: ignore[attr-defined, no-any-return]
+    compiled: Compiled = statement.compile(  # type: ignore[attr-defined]
+        dialect=dialect, compile_kwargs={dialects.base.BATCHED: True}
+    )
+    return compiled
 
 
 def prepare(statement: Executable, dialect: Dialect) -> None:
@@ -324,6 +327,7 @@ def _composed(
     dialect: Dialect, steps: Sequence[tuple[Executable, dict[str, Any]]], *, end: str | None
 ) -> tuple[str, Any]:
     """:func:`_compose`, statement by statement."""
+    family = dialects.for_name(dialect.name)
     parts: list[str] = []
     named: dict[str, Any] = {}
     positional: list[Any] = []  # for a positional paramstyle (%s): in order
@@ -332,7 +336,7 @@ def _composed(
         if not isinstance(compiled, SQLCompiler):  # pragma: no cover - DML and SELECT only
             raise TypeError(f"cannot batch {type(statement).__name__}")
         sql, parameters = expand(compiled, values)
-        parts.append(sql)
+        parts.append(family.in_batch(sql, compiled))
         if dialect.positional:
             # Each step's values in its own order: names may repeat (the
             # LIMIT of two statements is "param_1" in both).
@@ -424,6 +428,7 @@ def _batch_plan(
     statement's plan (:func:`_plan`), and one function that reads every
     parameter from the steps' values as :func:`expand` would, and checks
     that parameters of one name have one value, as :func:`_composed` does."""
+    family = dialects.for_name(dialect.name)
     parts: list[str] = []
     outs: list[tuple[str, str]] = []  # (driver's name, expression)
     namespace: dict[str, Any] = {"_differs": _differs}
@@ -431,7 +436,7 @@ def _batch_plan(
         compiled = _compiled(statement, dialect)
         assert isinstance(compiled, SQLCompiler)  # noqa: S101 - checked by _layout
         plan = _plan(compiled, values)
-        parts.append(plan.sql)
+        parts.append(family.in_batch(plan.sql, compiled))
         given = f"steps[{number}][1]"
         for out, (name, index) in zip(plan.outs, plan.sources, strict=True):
             if index == _VALUE:

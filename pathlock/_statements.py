@@ -65,12 +65,17 @@ from pathlock.dialects import (
     Bytes,
     Changed,
     Fenced,
+    InGrantTime,
     InsertedId,
+    JsonArray,
+    MicrosecondsLeft,
     Now,
     NowPlus,
     PathIn,
     PathIs,
     PathWithin,
+    SetGrantUntil,
+    WaitedInTime,
     family,
     force_index,
     insert_if_absent,
@@ -541,7 +546,7 @@ def items(columns: Sequence[ColumnElement[Any]]) -> Label[Any]:
     PyMySQL parses a description of every column in every reply, rows or
     none, which costs it more than the rows of a short read: a denied
     attempt's reads described 26 columns."""
-    return func.json_array(*columns).label("item")
+    return JsonArray(*columns).label("item")
 
 
 @functools.lru_cache(maxsize=128)
@@ -706,7 +711,7 @@ def grant_statement(
     if queued:
         values = values.where(_queue_clear(form))
     if sentinel_after:
-        values = values.where(_case_rule_holds(), now() < _GRANT_UNTIL)
+        values = values.where(_case_rule_holds(), InGrantTime())
     if after_lock:
         values = values.where(Changed() > literal_column("0"))
     if handed:
@@ -795,18 +800,15 @@ LOCK_SENTINEL = (
 LOCK_AND_READ_SENTINEL = (
     update(customer_locks)
     .where(customer_locks.c.customer_id == bindparam("c_id"))
-    .values(version=func.last_insert_id(customer_locks.c.version))
+    .values(version=Fenced(customer_locks.c.version))
 )
-_GRANTED = func.row_count() > literal_column("0")
+_GRANTED = Changed() > literal_column("0")
 # The first statement of a grant in one round trip (MySQL, MariaDB): until
 # when, in the server's time, the client waits for its reply. The lock may
 # wait long (a frozen client holds the sentinel row), and the server runs the
 # rest of the query, its COMMIT included, even after the client gave up: a
 # grant that begins later inserts nothing, so it cannot land unseen.
-SET_GRANT_UNTIL = text(
-    "SET @pathlock_grant_until = TIMESTAMPADD(MICROSECOND, :until_us, UTC_TIMESTAMP(6))"
-)
-_GRANT_UNTIL: ColumnElement[Any] = literal_column("@pathlock_grant_until")
+SET_GRANT_UNTIL = SetGrantUntil()
 
 
 def _rows_granted() -> Any:
@@ -859,7 +861,7 @@ BUMP_IF_UNMOVED = BUMP.where(customer_locks.c.version == bindparam("seen", type_
 # The same, in the query that grants the paths to the request the release
 # expects to be next (Store.release): after DEQUEUE_IF_GRANTED, the version
 # moves unless that statement deleted the request's queue row.
-BUMP_UNLESS_HANDED = BUMP.where(func.row_count() == literal_column("0"))
+BUMP_UNLESS_HANDED = BUMP.where(Changed() == literal_column("0"))
 # Undoes BUMP within its transaction: the sentinel is still written (the lock
 # and, on a cluster, the write conflict stay), but the version does not move.
 UNBUMP = (
@@ -930,11 +932,7 @@ CLAIM_RETURNING = CLAIM.returning(customer_locks.c.version)
 # Until when the client waits, in the server's time: SYSDATE(6) is read when
 # the row is judged, after any wait for its lock, and NOW(6) when the
 # statement began (both in the session's time zone).
-_WAITED_IN_TIME = literal_column("SYSDATE(6)") < func.timestampadd(
-    literal_column("MICROSECOND"),
-    bindparam("until_us", type_=BigInteger),
-    literal_column("NOW(6)"),
-)
+_WAITED_IN_TIME = WaitedInTime(bindparam("until_us", type_=BigInteger))
 LEAN_CLAIM = (
     update(customer_locks)
     .where(
@@ -978,7 +976,7 @@ def lean_grant(count: int, shallow: bool = False) -> Insert:
         bindparam("o_thread", type_=String),
         bindparam("o_key", type_=String),
         bindparam("why", type_=String),
-        func.last_insert_id(),
+        InsertedId(),
         now(),
         now_plus(bindparam("ttl_us", type_=BigInteger)),
         data,
@@ -1060,7 +1058,7 @@ def _own_live_rows() -> list[ColumnElement[bool]]:
 # The fencing token of those rows, which the request's attempt takes up.
 OWN_ROWS = select(path_locks.c.fencing_token).where(*_own_live_rows()).limit(1)
 # How long they have left, in microseconds of the database's clock.
-_LEFT_US = func.timestampdiff(literal_column("MICROSECOND"), now(), path_locks.c.expires_at)
+_LEFT_US = MicrosecondsLeft(path_locks.c.expires_at)
 _HANDED_FOR = select(_LEFT_US).where(*_own_live_rows()).limit(1).scalar_subquery()
 # Both, for a waiter's judgement of its chances (MySQL, MariaDB: where
 # releases hand paths over): rows handed to it are taken up at once.
@@ -1202,9 +1200,9 @@ def enqueue_if_blocked(form: Shape) -> Insert:
         _DATA,
     ).where(
         customer_locks.c.customer_id == bindparam("c_id"),
-        func.row_count() == literal_column("0"),
+        Changed() == literal_column("0"),
         _case_rule_holds(),
-        now() < _GRANT_UNTIL,
+        InGrantTime(),
         blocked,
     )
     columns = [

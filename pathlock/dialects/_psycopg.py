@@ -32,6 +32,9 @@ if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
     )
 
 from pathlock import _deadlines as deadlines
+from pathlock.dialects.postgresql import BATCH_REPLY
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 TIMED_OUT = "timed out: the call's time limit passed while waiting for the server"
 """The message of the error a wait that ran out raises (``is_timeout``)."""
@@ -39,8 +42,66 @@ TIMED_OUT = "timed out: the call's time limit passed while waiting for the serve
 
 class BoundedConnection(psycopg.Connection[Any]):
     """A psycopg connection whose waits for the server end with the time left
-    under the limit in force, and which says when a COMMIT got no reply
-    (:attr:`pathlock._deadlines.Limit.commit_unanswered`)."""
+    under the limit in force, which says when a COMMIT got no reply
+    (:attr:`pathlock._deadlines.Limit.commit_unanswered`), and which sends a
+    batch of statements in one query (:meth:`send_batch`)."""
+
+    _pathlock_cursor: psycopg.ClientCursor[Any] | None = None
+    _pathlock_begins = False  # the query being sent begins its transaction
+    _pathlock_unread = False  # the current result of the batch not read yet
+
+    def send_batch(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
+        """Send the statements ``sql`` (separated by semicolons) with
+        ``parameters`` in one query, their values escaped by psycopg (as its
+        ``ClientCursor`` does), and read every reply: the server runs them in
+        order, each with a snapshot of its own (READ COMMITTED), and runs
+        nothing after one that fails, whose error this raises. Outside a
+        transaction the query begins one itself (psycopg would send its
+        BEGIN alone, a round trip more)."""
+        cursor = self._pathlock_cursor
+        if cursor is None:
+            cursor = self._pathlock_cursor = psycopg.ClientCursor(self)
+        begins = self.pgconn.transaction_status == _IDLE
+        self._pathlock_begins = begins
+        try:
+            cursor.execute(f"BEGIN;\n{sql}" if begins else sql, parameters)
+        finally:
+            self._pathlock_begins = False
+        if begins:
+            cursor.nextset()  # past the BEGIN's reply
+        self._pathlock_unread = True
+
+    def reply(self) -> tuple[int, int | None, tuple[str, ...] | None, list[Any]]:
+        """The next statement's reply, as :mod:`pathlock.dialects._pymysql`
+        gives MySQL's: the rows it changed (for a SELECT: read), the id it
+        generated or :class:`~pathlock.dialects.base.Fenced` was given
+        (``None`` for a SELECT), and for a SELECT its columns' names and
+        rows. A data-modifying statement replies with one row of the first
+        two (see :func:`pathlock.dialects.postgresql._in_batch`)."""
+        cursor = self._pathlock_cursor
+        assert cursor is not None  # noqa: S101 - send_batch() made it
+        if not self._pathlock_unread and not cursor.nextset():
+            raise psycopg.InterfaceError("no reply left in the batch")
+        self._pathlock_unread = False
+        description = cursor.description
+        if description is None:  # COMMIT, ROLLBACK
+            return max(cursor.rowcount, 0), 0, None, []
+        names = tuple([column.name for column in description])
+        rows = cursor.fetchall()
+        if names[:2] == BATCH_REPLY:
+            changed, generated = rows[0][:2]
+            return changed, generated, None, []
+        return len(rows), None, names, rows
+
+    def drain(self) -> None:
+        """Forget the rest of the batch's replies (all read already)."""
+        self._pathlock_unread = False
+
+    def _start_query(self) -> Any:
+        # psycopg begins a transaction with a BEGIN of its own before a
+        # query, unless the query is a batch that begins it itself.
+        if not self._pathlock_begins:
+            yield from super()._start_query()
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         bounded = deadlines.time_left(timeout)

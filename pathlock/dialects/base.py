@@ -18,12 +18,16 @@ from sqlalchemy import (
     Engine,
     Insert,
     LargeBinary,
+    String,
     and_,
     create_engine,
 )
 from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
 from sqlalchemy.exc import CompileError, DBAPIError
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeEngine
 
@@ -71,6 +75,13 @@ INSERTED_ID = "pathlock_inserted_id"
 """The bind parameter that stands for :class:`InsertedId` where the database
 cannot tell (:attr:`Dialect.counts_from_client`)."""
 
+BATCHED = "pathlock_batched"
+"""The compile keyword (``compile_kwargs``) with which statements that
+travel several to a query are compiled (:mod:`pathlock._batch`): a family
+whose constructs are spelled differently there (:class:`Changed` read from
+what the statement before left on the server, where the client cannot pass
+it) looks for it in its ``@compiles`` functions' keywords."""
+
 READ_ONLY = "pathlock_read_only"
 """Execution option of a connection whose transaction only reads."""
 
@@ -107,11 +118,57 @@ class Changed(FunctionElement[int]):
 
 
 class InsertedId(FunctionElement[int]):
-    """The id the last INSERT of this connection generated (MySQL's
-    ``LAST_INSERT_ID()``, SQLite's ``last_insert_rowid()``)."""
+    """The id the last INSERT of this connection generated, or the last
+    value :class:`Fenced` handed back (MySQL's ``LAST_INSERT_ID()``,
+    SQLite's ``last_insert_rowid()``)."""
 
     type = BigInteger()
     inherit_cache = True
+
+
+class JsonArray(FunctionElement[str]):
+    """Its arguments as the text of one JSON array (times as ISO 8601
+    text), for reads whose rows the client parses."""
+
+    type = String()
+    inherit_cache = True
+
+
+class MicrosecondsLeft(FunctionElement[int]):
+    """The microseconds from the database's current UTC time (:class:`Now`)
+    to its one argument, a time."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+class WaitedInTime(FunctionElement[bool]):
+    """Whether the row is judged (after any wait for its lock) before the
+    client stops waiting: the statement's start plus its one argument, in
+    microseconds (the client's time left), in the database's clock."""
+
+    type = Boolean()
+    inherit_cache = True
+    _is_implicitly_boolean = True
+
+
+class InGrantTime(FunctionElement[bool]):
+    """Whether the statement runs (after any wait for a lock in the
+    statements before it) before the time :class:`SetGrantUntil` kept for
+    this transaction."""
+
+    type = Boolean()
+    inherit_cache = True
+    _is_implicitly_boolean = True
+
+
+class SetGrantUntil(Executable, ClauseElement):
+    """A statement that keeps, for the rest of its transaction, the
+    database's current UTC time plus its ``until_us`` parameter (until when
+    the client waits for the reply): :class:`InGrantTime` reads it."""
+
+    inherit_cache = True
+    _traverse_internals = []  # noqa: RUF012 - SQLAlchemy's own attribute
 
 
 @compiles(Now)
@@ -119,7 +176,12 @@ class InsertedId(FunctionElement[int]):
 @compiles(Fenced)
 @compiles(Changed)
 @compiles(InsertedId)
-def _unspelled(element: FunctionElement[Any], compiler: Any, **_kw: Any) -> str:
+@compiles(JsonArray)
+@compiles(MicrosecondsLeft)
+@compiles(WaitedInTime)
+@compiles(InGrantTime)
+@compiles(SetGrantUntil)
+def _unspelled(element: ClauseElement, compiler: Any, **_kw: Any) -> str:
     # Each family spells these for its own dialect names; any other database
     # has no spelling, rather than MySQL's by default.
     raise CompileError(
@@ -475,6 +537,14 @@ class Dialect:
         """The id the INSERT whose reply is ``result`` generated (the DB-API's
         ``lastrowid`` by default); 0 for any other statement."""
         return result.lastrowid
+
+    def in_batch(self, sql: str, compiled: SQLCompiler) -> str:  # noqa: ARG002
+        """``sql``, the SQL of the statement ``compiled`` (compiled with
+        :data:`BATCHED`), as it travels in a batch: as it is, by default. A
+        family whose statements must be wrapped there to reply as MySQL's do
+        (their row count and generated id: see :mod:`pathlock._batch`) wraps
+        them here."""
+        return sql
 
     def enable_batches(self, engine: Engine) -> None:
         """Let connections of ``engine`` (one pathlock created) take several

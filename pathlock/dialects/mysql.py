@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import URL, Connection, Engine, event
+from sqlalchemy import URL, BigInteger, Connection, Engine, bindparam, event
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine.interfaces import Dialect as SQLAlchemyDialect
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -27,10 +27,15 @@ from pathlock.dialects.base import (
     Changed,
     Dialect,
     Fenced,
+    InGrantTime,
     InsertedId,
+    JsonArray,
+    MicrosecondsLeft,
     Now,
     NowPlus,
     ServerSession,
+    SetGrantUntil,
+    WaitedInTime,
     new_engine,
 )
 from pathlock.errors import BackendError
@@ -491,3 +496,40 @@ def _changed(_element: Changed, _compiler: SQLCompiler, **_kw: Any) -> str:
 @compiles(InsertedId, "mariadb")
 def _inserted_id(_element: InsertedId, _compiler: SQLCompiler, **_kw: Any) -> str:
     return "LAST_INSERT_ID()"
+
+
+@compiles(JsonArray, "mysql")
+@compiles(JsonArray, "mariadb")
+def _json_array(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"json_array({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(MicrosecondsLeft, "mysql")
+@compiles(MicrosecondsLeft, "mariadb")
+def _microseconds_left(element: MicrosecondsLeft, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"timestampdiff(MICROSECOND, {_NOW}, {compiler.process(element.clauses, **kw)})"
+
+
+@compiles(WaitedInTime, "mysql")
+@compiles(WaitedInTime, "mariadb")
+def _waited_in_time(element: WaitedInTime, compiler: SQLCompiler, **kw: Any) -> str:
+    # SYSDATE(6) is read when the row is judged, after any wait for its lock,
+    # and NOW(6) when the statement began (both in the session's time zone).
+    until = compiler.process(element.clauses, **kw)
+    return f"SYSDATE(6) < timestampadd(MICROSECOND, {until}, NOW(6))"
+
+
+# A session variable: it outlives the transaction, but every grant that reads
+# it sets it first, in the same query. UTC_TIMESTAMP(6) is read when the
+# statement begins, after the statements before it in the query waited.
+@compiles(InGrantTime, "mysql")
+@compiles(InGrantTime, "mariadb")
+def _in_grant_time(_element: InGrantTime, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return f"{_NOW} < @pathlock_grant_until"
+
+
+@compiles(SetGrantUntil, "mysql")
+@compiles(SetGrantUntil, "mariadb")
+def _set_grant_until(_element: SetGrantUntil, compiler: SQLCompiler, **kw: Any) -> str:
+    until = compiler.process(bindparam("until_us", type_=BigInteger), **kw)
+    return f"SET @pathlock_grant_until = TIMESTAMPADD(MICROSECOND, {until}, {_NOW})"

@@ -30,7 +30,9 @@ from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from pathlock import _interrupts as interrupts
+from pathlock.dialects._commits import commit_in_batches
 from pathlock.dialects.base import (
+    BATCHED,
     CHANGED_ROWS,
     INSERTED_ID,
     ISOLATION_LEVEL,
@@ -39,13 +41,18 @@ from pathlock.dialects.base import (
     Changed,
     Dialect,
     Fenced,
+    InGrantTime,
     InsertedId,
+    JsonArray,
+    MicrosecondsLeft,
     Now,
     NowPlus,
     PathIn,
     PathIs,
     PathWithin,
     ServerSession,
+    SetGrantUntil,
+    WaitedInTime,
     is_async,
     new_engine,
 )
@@ -174,6 +181,7 @@ class PostgreSQL(Dialect):
         if not is_async(engine):
             # (asyncio engines: every attempt runs under an asyncio timeout.)
             event.listen(engine, "do_connect", _bounded_connect)
+            self.enable_batches(engine)
         event.listen(engine, "connect", _read_session)
         return engine
 
@@ -218,6 +226,20 @@ class PostgreSQL(Dialect):
         except InvalidRequestError:  # INSERT ... SELECT
             return 0
         return 0 if key is None or key[0] is None else int(key[0])
+
+    def in_batch(self, sql: str, compiled: SQLCompiler) -> str:
+        return _in_batch(sql, compiled)
+
+    def enable_batches(self, engine: Engine) -> None:
+        commit_in_batches(engine)
+
+    def can_batch(self, connection: Connection) -> bool:
+        # Connections of the engines pathlock creates (_psycopg.py).
+        return hasattr(connection.connection.driver_connection, "send_batch")
+
+    @property
+    def batches(self) -> bool:
+        return True
 
     def end_sessions(
         self, connection: Connection, sessions: Collection[ServerSession], ends: float
@@ -374,18 +396,115 @@ def _bytes(element: Bytes, compiler: SQLCompiler, **kw: Any) -> str:
     return f"CAST({compiler.process(element.clauses, **kw)} AS BYTEA)"
 
 
+# Statements that travel several to a query (pathlock._batch) pass what one
+# tells the next through settings of the transaction (set_config(..., true)):
+# a data-modifying statement is wrapped so that it keeps its row count
+# (pathlock.changed) and the id it generated (pathlock.id), and its reply is
+# one row of both, which _psycopg.BoundedConnection.reply() reads as MySQL's
+# OK packet; Fenced keeps its value in pathlock.id as MySQL's
+# LAST_INSERT_ID(expr) does. Elsewhere the client passes them
+# (Dialect.counts_from_client), and the sentinel write returns its version.
+_CHANGED_SETTING = "pathlock.changed"
+_ID_SETTING = "pathlock.id"
+_UNTIL_SETTING = "pathlock.grant_until"
+BATCH_REPLY = ("pathlock_changed", "pathlock_id")
+"""The columns of the reply of a data-modifying statement in a batch."""
+# When the row is judged: the clock, read after any lock wait (the
+# statement's start is when the query arrived, for every statement of it).
+_CLOCK = "(clock_timestamp() AT TIME ZONE 'UTC')"
+
+
+def _setting(name: str, type_name: str) -> str:
+    # A setting of the transaction reads '' after the transaction ends.
+    return f"CAST(NULLIF(current_setting('{name}', true), '') AS {type_name})"
+
+
 @compiles(Fenced, "postgresql")
 def _fenced(element: Fenced, compiler: SQLCompiler, **kw: Any) -> str:
-    return str(compiler.process(element.clauses, **kw))
+    value = str(compiler.process(element.clauses, **kw))
+    if not kw.get(BATCHED):
+        return value
+    compiler.pathlock_fenced = True  # type: ignore[attr-defined] # read by in_batch()
+    return f"CAST(set_config('{_ID_SETTING}', CAST({value} AS TEXT), true) AS BIGINT)"
 
 
-# PostgreSQL cannot tell a statement what the one before it changed: the
-# client passes it (Dialect.counts_from_client).
 @compiles(Changed, "postgresql")
 def _changed(_element: Changed, compiler: SQLCompiler, **kw: Any) -> str:
+    if kw.get(BATCHED):
+        return _setting(_CHANGED_SETTING, "BIGINT")
     return str(compiler.process(bindparam(CHANGED_ROWS, type_=BigInteger), **kw))
 
 
 @compiles(InsertedId, "postgresql")
 def _inserted_id(_element: InsertedId, compiler: SQLCompiler, **kw: Any) -> str:
+    if kw.get(BATCHED):
+        return _setting(_ID_SETTING, "BIGINT")
     return str(compiler.process(bindparam(INSERTED_ID, type_=BigInteger), **kw))
+
+
+@compiles(JsonArray, "postgresql")
+def _json_array(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> str:
+    # As text, which the client parses as it parses MySQL's.
+    return f"CAST(json_build_array({compiler.process(element.clauses, **kw)}) AS TEXT)"
+
+
+@compiles(MicrosecondsLeft, "postgresql")
+def _microseconds_left(element: MicrosecondsLeft, compiler: SQLCompiler, **kw: Any) -> str:
+    then = compiler.process(element.clauses, **kw)
+    return f"CAST(EXTRACT(EPOCH FROM ({then} - {_NOW})) * 1000000 AS BIGINT)"
+
+
+@compiles(WaitedInTime, "postgresql")
+def _waited_in_time(element: WaitedInTime, compiler: SQLCompiler, **kw: Any) -> str:
+    until = compiler.process(element.clauses, **kw)
+    return f"{_CLOCK} < {_NOW} + make_interval(secs => ({until}) / 1000000.0)"
+
+
+@compiles(InGrantTime, "postgresql")
+def _in_grant_time(_element: InGrantTime, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return f"{_CLOCK} < {_setting(_UNTIL_SETTING, 'TIMESTAMP')}"
+
+
+@compiles(SetGrantUntil, "postgresql")
+def _set_grant_until(_element: SetGrantUntil, compiler: SQLCompiler, **kw: Any) -> str:
+    until = compiler.process(bindparam("until_us", type_=BigInteger), **kw)
+    then = f"{_NOW} + make_interval(secs => ({until}) / 1000000.0)"
+    return f"SELECT set_config('{_UNTIL_SETTING}', CAST({then} AS TEXT), true)"
+
+
+def _in_batch(sql: str, compiled: SQLCompiler) -> str:
+    """``sql``, the statement ``compiled``, as it travels in a batch: an
+    INSERT, UPDATE or DELETE (without RETURNING of its own) wrapped so that it
+    keeps its row count and generated id for the statements after it, and
+    replies with them (:data:`BATCH_REPLY`)."""
+    if not (compiled.isinsert or compiled.isupdate or compiled.isdelete):
+        return sql
+    table: Any = getattr(compiled.statement, "table", None)
+    key = table.autoincrement_column if compiled.isinsert else None
+    returning = compiled.effective_returning
+    if returning:
+        # Rows of its own to read; or the generated key, which SQLAlchemy
+        # asks for itself (an INSERT of one row of values).
+        if key is None or list(returning) != [key] or not compiled.implicit_returning:
+            return sql
+        head = f"WITH t(k) AS ({sql})"
+    else:
+        returned = "0" if key is None else compiled.preparer.quote(key.name)
+        head = f"WITH t AS ({sql} RETURNING {returned} AS k)"
+    changed = f"set_config('{_CHANGED_SETTING}', CAST(count(*) AS TEXT), true)"
+    if key is not None:
+        # The first id generated, as MySQL's LAST_INSERT_ID() (kept if none).
+        generated = "COALESCE(min(k), 0)"
+        changed += (
+            f", CASE WHEN count(*) > 0 THEN set_config('{_ID_SETTING}', CAST(min(k) AS TEXT), true)"
+            " END"
+        )
+    elif getattr(compiled, "pathlock_fenced", False):
+        # The value Fenced kept, if the statement changed a row.
+        generated = f"CASE WHEN count(*) > 0 THEN {_setting(_ID_SETTING, 'BIGINT')} ELSE 0 END"
+    else:
+        generated = "0"
+    return (
+        f"{head} SELECT count(*) AS {BATCH_REPLY[0]},"
+        f" {generated} AS {BATCH_REPLY[1]}, {changed} FROM t"
+    )

@@ -22,6 +22,8 @@ from pathlock.dialects.base import (
     Dialect,
     Fenced,
     InsertedId,
+    JsonArray,
+    MicrosecondsLeft,
     Now,
     NowPlus,
     new_engine,
@@ -262,3 +264,15 @@ def _changed(_element: Changed, _compiler: SQLCompiler, **_kw: Any) -> str:
 @compiles(InsertedId, "sqlite")
 def _inserted_id(_element: InsertedId, _compiler: SQLCompiler, **_kw: Any) -> str:
     return "last_insert_rowid()"
+
+
+@compiles(JsonArray, "sqlite")
+def _json_array(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"json_array({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(MicrosecondsLeft, "sqlite")
+def _microseconds_left(element: MicrosecondsLeft, compiler: SQLCompiler, **kw: Any) -> str:
+    then = compiler.process(element.clauses, **kw)
+    now = _NOW.format("")
+    return f"CAST(round((julianday({then}) - julianday({now})) * 86400000000) AS INTEGER)"
