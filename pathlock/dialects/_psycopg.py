@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from typing import Any
 
 import psycopg
@@ -32,9 +33,11 @@ if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
     )
 
 from pathlock import _deadlines as deadlines
-from pathlock.dialects.postgresql import BATCH_REPLY
+from pathlock.dialects._pg_batches import BATCH_REPLY, PREPARED
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+_EXECUTED = re.compile(r"EXECUTE (pathlock_[0-9a-f]+)")
+_PREPARED_NOW = "SELECT name FROM pg_prepared_statements WHERE name LIKE 'pathlock!_%' ESCAPE '!'"
 
 TIMED_OUT = "timed out: the call's time limit passed while waiting for the server"
 """The message of the error a wait that ran out raises (``is_timeout``)."""
@@ -47,6 +50,8 @@ class BoundedConnection(psycopg.Connection[Any]):
     batch of statements in one query (:meth:`send_batch`)."""
 
     _pathlock_cursor: psycopg.ClientCursor[Any] | None = None
+    _pathlock_prepared: set[str] | None = None  # None: to be asked
+    _pathlock_asked = False  # whether a batch was sent on this connection
     _pathlock_begins = False  # the query being sent begins its transaction
     _pathlock_unread = False  # the current result of the batch not read yet
 
@@ -61,15 +66,44 @@ class BoundedConnection(psycopg.Connection[Any]):
         cursor = self._pathlock_cursor
         if cursor is None:
             cursor = self._pathlock_cursor = psycopg.ClientCursor(self)
+        prepared = self._pathlock_prepared
+        if prepared is None:
+            prepared = self._pathlock_prepared = self._pathlock_prepared_now(cursor)
+        # The statements this session has not prepared yet, prepared first.
+        new = [name for name in dict.fromkeys(_EXECUTED.findall(sql)) if name not in prepared]
         begins = self.pgconn.transaction_status == _IDLE
+        head = "BEGIN;\n" if begins else ""
+        if new:
+            head += "".join([PREPARED[name] + ";\n" for name in new])
         self._pathlock_begins = begins
         try:
-            cursor.execute(f"BEGIN;\n{sql}" if begins else sql, parameters)
+            cursor.execute(head + sql, parameters)
+        except BaseException:
+            if new:
+                # Those before the statement that failed were prepared (a
+                # PREPARE outlives its transaction): asked anew next time.
+                self._pathlock_prepared = None
+            raise
         finally:
             self._pathlock_begins = False
-        if begins:
-            cursor.nextset()  # past the BEGIN's reply
+        prepared.update(new)
+        for _ in range(begins + len(new)):
+            cursor.nextset()  # past the replies to the BEGIN and the PREPAREs
         self._pathlock_unread = True
+
+    def _pathlock_prepared_now(self, cursor: psycopg.ClientCursor[Any]) -> set[str]:
+        """The statements of batches this session has prepared: none on a
+        new connection; else (after a batch that prepared some failed) as
+        the server lists them, read outside any transaction."""
+        if not self._pathlock_asked:
+            self._pathlock_asked = True
+            return set()
+        self._pathlock_begins = True
+        try:
+            cursor.execute(_PREPARED_NOW)
+        finally:
+            self._pathlock_begins = False
+        return {str(row[0]) for row in cursor.fetchall()}
 
     def reply(self) -> tuple[int, int | None, tuple[str, ...] | None, list[Any]]:
         """The next statement's reply, as :mod:`pathlock.dialects._pymysql`
@@ -132,11 +166,17 @@ class BoundedConnection(psycopg.Connection[Any]):
 def connect(*cargs: Any, **cparams: Any) -> BoundedConnection:
     """A new :class:`BoundedConnection` (SQLAlchemy's ``do_connect``): its
     connect timeout shortened to the time left, in whole seconds (libpq's
-    unit; at least 2, libpq's least)."""
+    unit; at least 2, libpq's least), and none of psycopg's own prepared
+    statements: psycopg drops every prepared statement of the session
+    (``DEALLOCATE ALL``, in a round trip of its own) after a ROLLBACK on a
+    connection where it prepared any, the batches' among them, and a
+    waiter's check ends with one. The statements that travel in batches
+    are prepared by the connection itself (:meth:`BoundedConnection.send_batch`)."""
     left = deadlines.time_left(None)
     if left is not None:
         seconds = max(2, math.ceil(left))
         configured = cparams.get("connect_timeout")
         if configured is None or int(configured) > seconds:
             cparams["connect_timeout"] = seconds
+    cparams["prepare_threshold"] = None
     return BoundedConnection.connect(*cargs, **cparams)

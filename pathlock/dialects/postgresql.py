@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import operator
+import re
 import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -11,9 +13,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import (
     URL,
     BigInteger,
+    Boolean,
     Connection,
+    DateTime,
     Engine,
     Integer,
+    LargeBinary,
     String,
     and_,
     bindparam,
@@ -31,6 +36,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from pathlock import _interrupts as interrupts
 from pathlock.dialects._commits import commit_in_batches
+from pathlock.dialects._pg_batches import BATCH_REPLY, PREPARED
 from pathlock.dialects.base import (
     BATCHED,
     CHANGED_ROWS,
@@ -407,8 +413,6 @@ def _bytes(element: Bytes, compiler: SQLCompiler, **kw: Any) -> str:
 _CHANGED_SETTING = "pathlock.changed"
 _ID_SETTING = "pathlock.id"
 _UNTIL_SETTING = "pathlock.grant_until"
-BATCH_REPLY = ("pathlock_changed", "pathlock_id")
-"""The columns of the reply of a data-modifying statement in a batch."""
 # When the row is judged: the clock, read after any lock wait (the
 # statement's start is when the query arrived, for every statement of it).
 _CLOCK = "(clock_timestamp() AT TIME ZONE 'UTC')"
@@ -473,10 +477,84 @@ def _set_grant_until(_element: SetGrantUntil, compiler: SQLCompiler, **kw: Any) 
 
 
 def _in_batch(sql: str, compiled: SQLCompiler) -> str:
-    """``sql``, the statement ``compiled``, as it travels in a batch: an
-    INSERT, UPDATE or DELETE (without RETURNING of its own) wrapped so that it
-    keeps its row count and generated id for the statements after it, and
-    replies with them (:data:`BATCH_REPLY`)."""
+    """``sql``, the statement ``compiled``, as it travels in a batch: wrapped
+    to reply as MySQL's statements do (:func:`_wrapped`), and executed as a
+    prepared statement (:func:`_executed`)."""
+    return _executed(_wrapped(sql, compiled), compiled)
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def _executed(sql: str, compiled: SQLCompiler) -> str:
+    """``sql`` (in psycopg's ``%(name)s`` paramstyle) as the ``EXECUTE`` of a
+    prepared statement, whose ``PREPARE`` goes into :data:`PREPARED`: a
+    statement sent as text is parsed and planned anew by the server every
+    time (for a grant or a release, more than the rest of the server's work
+    for it), a prepared one once per session, or a few times (PostgreSQL
+    plans the first five executions for their values)."""
+    numbers: dict[str, str] = {}
+
+    def numbered(match: re.Match[str]) -> str:
+        return numbers.setdefault(match.group(1), f"${len(numbers) + 1}")
+
+    body = _PLACEHOLDER.sub(numbered, sql)
+    if len(numbers) > _PREPARED_PARAMETERS:
+        # A large request's: its planning is little beside its work, and a
+        # session would keep its plan for every shape of request.
+        return sql
+    name = "pathlock_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:24]
+    if not numbers:
+        PREPARED.setdefault(name, f"PREPARE {name} AS {body}")
+        return f"EXECUTE {name}"
+    # Each parameter's type as its value's would be (the text sent a
+    # literal of it): where the statement does not say (a value selected,
+    # as a request's derived table of paths does), the server takes text.
+    types = ", ".join([_parameter_type(compiled, parameter) for parameter in numbers])
+    PREPARED.setdefault(name, f"PREPARE {name} ({types}) AS {body}")
+    return f"EXECUTE {name}({', '.join(f'%({parameter})s' for parameter in numbers)})"
+
+
+_EXPANDED = re.compile(r"_\d+$")
+_PREPARED_PARAMETERS = 64
+"""Statements with more parameters than this travel as text (a request of
+more than a few paths: lists up to eight long are sent as they are, longer
+ones padded to the next power of two)."""
+
+
+def _parameter_type(compiled: SQLCompiler, parameter: str) -> str:
+    """The SQL type of ``compiled``'s parameter ``parameter`` (an element of
+    an expanded list is named after the list: ``name_1``, ``name_2`` ...);
+    ``unknown`` (the server's guess) where it has none."""
+    bind = compiled.binds.get(parameter)
+    if bind is None:
+        bind = compiled.binds.get(_EXPANDED.sub("", parameter))
+    # Its generic type (VARCHAR, not VARCHAR(4000) COLLATE "C": a parameter
+    # has no collation), as the casts SQLAlchemy writes after parameters.
+    type_: Any = None if bind is None else bind.type
+    if isinstance(type_, TypeDecorator):
+        type_ = type_.impl_instance
+    for kind, spelled in _PARAMETER_TYPES:
+        if isinstance(type_, kind):
+            return spelled
+    return "unknown"
+
+
+_PARAMETER_TYPES: tuple[tuple[type[TypeEngine[Any]], str], ...] = (
+    (String, "VARCHAR"),
+    (BigInteger, "BIGINT"),  # before Integer, its base class
+    (Integer, "INTEGER"),
+    (Boolean, "BOOLEAN"),
+    (LargeBinary, "BYTEA"),
+    (DateTime, "TIMESTAMP WITHOUT TIME ZONE"),
+)
+
+
+def _wrapped(sql: str, compiled: SQLCompiler) -> str:
+    """``sql``, the statement ``compiled``: an INSERT, UPDATE or DELETE
+    (without RETURNING of its own) wrapped so that it keeps its row count and
+    generated id for the statements after it, and replies with them
+    (:data:`BATCH_REPLY`)."""
     if not (compiled.isinsert or compiled.isupdate or compiled.isdelete):
         return sql
     table: Any = getattr(compiled.statement, "table", None)

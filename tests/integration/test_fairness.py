@@ -541,15 +541,20 @@ def test_a_waiter_watches_with_plain_reads_between_attempts(
                 statements.append(args[2])
 
             if manager.engine.dialect.name == "postgresql":
-                # And batches, sent past SQLAlchemy's events; their writes
-                # wrapped to reply with their row counts.
-                from pathlock.dialects import _psycopg  # noqa: PLC0415 - an extra
+                # And batches, sent past SQLAlchemy's events: each statement
+                # prepared, its writes wrapped to reply with their row counts.
+                from pathlock.dialects import _pg_batches, _psycopg  # noqa: PLC0415 - an extra
 
                 send_batch = _psycopg.BoundedConnection.send_batch
 
+                def statement(part: str) -> str:
+                    name = re.match(r"EXECUTE (\w+)", part)
+                    if name is not None:
+                        part = _pg_batches.PREPARED[name[1]].split(" AS ", 1)[1]
+                    return re.sub(r"^WITH t(\(k\))? AS \(", "", part)
+
                 def batched(self: Any, sql: str, parameters: Any) -> None:
-                    unwrapped = r"^WITH t(\(k\))? AS \("
-                    statements.extend(re.sub(unwrapped, "", part) for part in sql.split(";\n"))
+                    statements.extend(map(statement, sql.split(";\n")))
                     send_batch(self, sql, parameters)
 
                 monkeypatch.setattr(_psycopg.BoundedConnection, "send_batch", batched)

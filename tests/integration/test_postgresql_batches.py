@@ -108,8 +108,14 @@ def test_a_batch_that_fails_in_the_middle_leaves_nothing(engine: Engine) -> None
         with pytest.raises(DBAPIError, match="division by zero"):
             batch.run(connection, [(insert(_items).values(v=1), {}), (fails, {})], commit=True)
         connection.rollback()
-        # The connection goes on: nothing of the batch was kept.
+        # The connection goes on: nothing of the batch was kept...
         assert connection.execute(select(_items.c.v)).all() == []
+        connection.rollback()
+        # ... but the statements it prepared before the one that failed: they
+        # are executed, not prepared twice (which the server refuses).
+        (reply,) = batch.run(connection, [(insert(_items).values(v=2), {})], commit=True)
+        assert reply.rowcount == 1
+        assert connection.execute(select(_items.c.v)).scalars().all() == [2]
         connection.rollback()
 
 
@@ -160,3 +166,16 @@ def test_an_acquire_and_its_release_are_two_queries(postgresql_url: str, custome
         event.remove(manager.engine, "before_cursor_execute", one_by_one)
     assert len(sent) == 2, sent
     assert all(re.search(r";\nCOMMIT$", sql) for sql in sent), sent
+
+
+def test_the_batches_prepared_statements_outlive_rollbacks(engine: Engine) -> None:
+    """psycopg's own prepared statements (a statement run five times) would
+    drop every prepared statement of the session at the next ROLLBACK, the
+    batches' too: pathlock's connections make none."""
+    with engine.connect() as connection:
+        (first,) = batch.run(connection, [(insert(_items).values(v=1), {})], commit=True)
+        for _ in range(8):
+            assert connection.execute(select(_items.c.v)).scalars().all() == [1]
+        connection.rollback()
+        (second,) = batch.run(connection, [(insert(_items).values(v=2), {})], commit=True)
+        assert (first.rowcount, second.rowcount) == (1, 1)

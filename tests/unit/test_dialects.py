@@ -21,7 +21,7 @@ from sqlalchemy.schema import CreateIndex
 from pathlock import InvalidArgument, dialects
 from pathlock._statements import BUMP, CREATE_SENTINEL, LOCKS_REMOVED, locks_on, now, now_plus
 from pathlock.cli.arguments import build_parser
-from pathlock.dialects import base
+from pathlock.dialects import _pg_batches, base
 from pathlock.dialects.base import ASYNC_DRIVERS, CHANGED_ROWS, Dialect
 from pathlock.schema import customer_locks, path_lock_waiter_paths, path_locks
 
@@ -350,6 +350,38 @@ def test_postgresql_spells_the_shared_sql() -> None:
     # ... and on the others, the plain comparison alone.
     assert "left(" not in str(
         locks_on(descendants=True, include_expired=False).compile(dialect=mysql.dialect())
+    )
+
+
+def test_postgresql_batches_chain_statements_through_settings_of_the_transaction() -> None:
+    """In a batch, what one statement tells the next is a setting of the
+    transaction, each write replies with its count and id, and each statement
+    is executed prepared; everywhere else, the parameters the store passes."""
+    pg = postgresql.psycopg.dialect()
+    family = dialects.for_name("postgresql")
+    compiled = LOCKS_REMOVED.compile(dialect=pg, compile_kwargs={base.BATCHED: True})
+    sql = str(compiled)
+    assert CHANGED_ROWS not in sql
+    assert "current_setting('pathlock.changed', true)" in sql
+    executed = family.in_batch(sql, compiled)  # type: ignore[arg-type]
+    name, arguments = executed.removeprefix("EXECUTE ").split("(", 1)
+    assert arguments == "%(c_id)s)"
+    prepared = _pg_batches.PREPARED[name]
+    # Wrapped: the write keeps and replies with its row count.
+    assert prepared.startswith(f"PREPARE {name} (BIGINT) AS WITH t AS (UPDATE customer_locks SET")
+    assert "customer_locks.customer_id = $1::BIGINT" in prepared
+    assert prepared.endswith(
+        " SELECT count(*) AS pathlock_changed, 0 AS pathlock_id,"
+        " set_config('pathlock.changed', CAST(count(*) AS TEXT), true) FROM t"
+    )
+    # The same statement, the same prepared statement; a read is not wrapped.
+    assert family.in_batch(sql, compiled) == executed  # type: ignore[arg-type]
+    read = select(customer_locks.c.version).where(customer_locks.c.customer_id == 1)
+    read_compiled = read.compile(dialect=pg, compile_kwargs={base.BATCHED: True})
+    name = family.in_batch(str(read_compiled), read_compiled).split("(")[0].split()[1]  # type: ignore[arg-type]
+    assert _pg_batches.PREPARED[name] == (
+        f"PREPARE {name} (BIGINT) AS SELECT customer_locks.version \nFROM customer_locks \n"
+        "WHERE customer_locks.customer_id = $1::BIGINT"
     )
 
 
