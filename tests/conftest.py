@@ -30,6 +30,8 @@ POSTGRESQL_URL = os.environ.get(
 )
 
 BACKENDS = ("mariadb", "sqlite", "postgresql")
+# The backends that are database servers (every backend but the embedded SQLite).
+SERVER_BACKENDS = ("mariadb", "postgresql")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -115,24 +117,38 @@ def _counts_exact(url: str, customer_ids: list[int] | None = None) -> None:
     assert not wrong, "row counts wrong:\n" + "\n".join(wrong[:20] + rows)
 
 
+# The fixtures that give a test the URL of a backend.
+_BACKEND_FIXTURES = ("database_url", "server_url", "mariadb_url", "postgresql_url")
+
+
 @pytest.fixture(autouse=True)
 def _exact_counts_of_the_tests_customer(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a test that locked in the ``customer_id`` of a backend, that
-    customer's counts are exact (see ``customer_locks`` in pathlock.schema)."""
+    customer's counts are exact (see ``customer_locks`` in pathlock.schema),
+    in each backend the test took."""
     names = request.fixturenames
-    backend = next((name for name in ("database_url", "mariadb_url") if name in names), None)
-    if "customer_id" not in names or backend is None:
+    backends = [name for name in _BACKEND_FIXTURES if name in names]
+    if "customer_id" not in names or not backends:
         yield
         return
-    url, customer = request.getfixturevalue(backend), request.getfixturevalue("customer_id")
+    urls = {str(request.getfixturevalue(name)) for name in backends}
+    customer = request.getfixturevalue("customer_id")
     yield
-    _counts_exact(url, [customer])
+    for url in sorted(urls):
+        _counts_exact(url, [customer])
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def database_url(request: pytest.FixtureRequest) -> str:
     """The URL of one backend, with the pathlock tables created: every test
     that uses it runs once per backend."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture(scope="session", params=SERVER_BACKENDS)
+def server_url(request: pytest.FixtureRequest) -> str:
+    """The URL of one database server's backend, migrated (every backend but
+    the embedded SQLite): every test that uses it runs once per server."""
     return str(request.getfixturevalue(f"{request.param}_url"))
 
 
