@@ -461,10 +461,10 @@ def test_an_attempt_that_reaches_the_server_after_its_request_ended_leaves_nothi
 
 
 def _freeze_inside_a_transaction(url: str, customer_id: int, ready: Any) -> None:
-    """A client of pathlock's that stops (as under SIGSTOP) while its
-    transaction holds the customer's sentinel row."""
-    settings = Settings(idle_transaction_timeout=1)
-    manager = PathLockManager(url, settings=settings, heartbeat=False)
+    """A client of pathlock's, with the default settings, that stops (as
+    under SIGSTOP) while its transaction holds the customer's sentinel row,
+    as a grant leaves it between its statements."""
+    manager = PathLockManager(url, heartbeat=False)
     manager.for_customer(customer_id).lock_paths("/before").release()  # the row exists
     with manager.engine.connect() as connection:
         connection.execute(
@@ -476,24 +476,26 @@ def _freeze_inside_a_transaction(url: str, customer_id: int, ready: Any) -> None
 
 
 def test_a_client_frozen_inside_a_transaction_holds_its_customer_for_seconds_only(
-    mariadb_url: str, customer_id: int
+    server_url: str, customer_id: int
 ) -> None:
     """The server kept a stopped client's transaction, and the customer's row
-    it locked, until its wait_timeout (8 hours by default): every grant,
-    release and renewal of the customer failed meanwhile. On MariaDB
-    pathlock's sessions set idle_transaction_timeout: the server ends such a
-    session within seconds."""
+    it locked, until its wait_timeout (8 hours by default on MariaDB; for
+    ever on PostgreSQL): every grant, release and renewal of the customer
+    failed meanwhile. pathlock's sessions set MariaDB's
+    idle_transaction_timeout or PostgreSQL's
+    idle_in_transaction_session_timeout (5 s by default): the server ends
+    such a session within seconds."""
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
     frozen = context.Process(
-        target=_freeze_inside_a_transaction, args=(mariadb_url, customer_id, ready), daemon=True
+        target=_freeze_inside_a_transaction, args=(server_url, customer_id, ready), daemon=True
     )
     frozen.start()
     try:
         assert ready.wait(60), "the client did not take the row"
         assert frozen.pid is not None
         os.kill(frozen.pid, signal.SIGSTOP)
-        with PathLockManager(mariadb_url, heartbeat=False) as manager:
+        with PathLockManager(server_url, heartbeat=False) as manager:
             # Two of pathlock's lock waits (10 s each), and more: granted only
             # if the frozen client's transaction ended.
             lease = manager.for_customer(customer_id).lock_paths("/after", timeout=25)

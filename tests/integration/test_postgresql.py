@@ -1,16 +1,13 @@
 """What PostgreSQL does differently, attacked on a real server: waits bounded
 by the call's time (a server that never answers, a network path that drops
-everything, a client frozen inside its transaction), the session of a
+everything), sessions that sit idle in a transaction ended, the session of a
 dropped connection ended, paths longer than an index entry, and the
 planner's time for the largest requests. The conformance suite runs on
 PostgreSQL through the ``database_url`` fixture like on every backend."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import secrets
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -84,44 +81,6 @@ def test_a_network_path_that_drops_everything_costs_a_request_its_timeout(
         lease = direct.for_customer(customer_id).try_lock_paths("/b")
         assert lease is not None
         lease.release()
-
-
-def _freeze_inside_a_transaction(url: str, customer_id: int, ready: Any) -> None:
-    with PathLockManager(url, heartbeat=False) as manager:
-        manager.for_customer(customer_id).lock_paths("/before").release()  # the sentinel row
-        # A session of pathlock's, as a grant leaves it between its statements.
-        with manager.engine.connect() as connection:
-            connection.execute(
-                text("UPDATE customer_locks SET version = version WHERE customer_id = :c"),
-                {"c": customer_id},
-            )
-            ready.set()
-            time.sleep(3600)  # stopped here by SIGSTOP, holding the row
-
-
-def test_a_client_frozen_inside_a_transaction_holds_its_customer_for_seconds_only(
-    postgresql_url: str, customer_id: int
-) -> None:
-    """pathlock's sessions set idle_in_transaction_session_timeout: a client
-    stopped inside a transaction on a customer's row loses its session
-    within seconds, and the customer's grants go on."""
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    frozen = context.Process(
-        target=_freeze_inside_a_transaction, args=(postgresql_url, customer_id, ready), daemon=True
-    )
-    frozen.start()
-    try:
-        assert ready.wait(60), "the client did not take the row"
-        assert frozen.pid is not None
-        os.kill(frozen.pid, signal.SIGSTOP)
-        with PathLockManager(postgresql_url, heartbeat=False) as manager:
-            lease = manager.for_customer(customer_id).lock_paths("/after", timeout=25)
-            lease.release()
-    finally:
-        if frozen.pid is not None:
-            os.kill(frozen.pid, signal.SIGKILL)
-        frozen.join(10)
 
 
 def test_pathlocks_sessions_end_when_they_sit_idle_in_a_transaction(postgresql_url: str) -> None:
