@@ -1,8 +1,8 @@
 """The Alembic migrations create exactly the schema of ``pathlock/schema.py``.
 
 Every test works in databases of its own (``pathlock_mig_<hex>``), created on
-the test server and dropped afterwards, so the shared test database is never
-touched.
+the test server (MariaDB, or PostgreSQL for the tests that say so) and
+dropped afterwards, so the shared test database is never touched.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from argparse import Namespace
@@ -42,12 +43,14 @@ from sqlalchemy.schema import CreateTable
 
 from pathlock import InvalidArgument, PathLockManager, SchemaMismatch, cli, dialects, migrate
 from pathlock.schema import REVISION, REVISIONS, compare_server_default, metadata
+from tests.conftest import POSTGRESQL_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic.ini"
 SERVER_URL = make_url(
     os.environ.get("PATHLOCK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 )
+PG_SERVER_URL = make_url(POSTGRESQL_URL)
 VERSION_TABLE = "pathlock_alembic_version"
 SERVERS = ("mysql", "mariadb")
 TABLES = ("customer_locks", "path_locks", "path_lock_waiters", "path_lock_waiter_paths")
@@ -92,6 +95,34 @@ def new_database(server: Engine) -> Iterator[NewDatabase]:
     with server.begin() as conn:
         for name in created:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[Engine]:
+    """The PostgreSQL test server, in autocommit: CREATE and DROP DATABASE
+    cannot run inside a transaction."""
+    engine = create_engine(PG_SERVER_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def new_pg_database(pg_server: Engine) -> Iterator[NewDatabase]:
+    """Create empty databases on the PostgreSQL test server; drop them all
+    afterwards (with the sessions still in them)."""
+    created: list[str] = []
+
+    def create() -> URL:
+        name = f"pathlock_mig_{secrets.token_hex(6)}"
+        with pg_server.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        return PG_SERVER_URL.set(database=name)
+
+    yield create
+    with pg_server.connect() as conn:
+        for name in created:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -588,14 +619,19 @@ def _apply_with_the_client(url: URL, sql: str) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
+# The driver of each dialect's URLs, and a dialect other than each.
+_DRIVERS = {"mysql": "pymysql", "mariadb": "pymysql", "postgresql": "psycopg"}
+_OTHER = {"mysql": "mariadb", "mariadb": "mysql", "postgresql": "mariadb"}
+
+
 def _printed_sql(how: str, url: URL, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     """The SQL of ``db upgrade --sql`` for the database at ``url``, asked for
-    ``how`` (``"HOW NAME"``): with ``--dialect NAME`` and a URL of the other
-    dialect (the option wins), with a ``NAME+pymysql://`` URL, or with that
+    ``how`` (``"HOW NAME"``): with ``--dialect NAME`` and a URL of another
+    dialect (the option wins), with a ``NAME+driver://`` URL, or with that
     URL through the `alembic` command."""
     how, name = how.split()
-    other = next(each for each in SERVERS if each != name)
-    where = _url_text(url.set(drivername=f"{other if how == '--dialect' else name}+pymysql"))
+    named = _OTHER[name] if how == "--dialect" else name
+    where = _url_text(url.set(drivername=f"{named}+{_DRIVERS[named]}"))
     if how == "alembic":
         printed = _alembic(
             "-x", f"url={where}", "upgrade", "head", "--sql", env=_environment(), cwd=tmp_path
@@ -620,6 +656,70 @@ def test_the_dbas_sql_makes_what_db_upgrade_makes(
     assert _show_create_tables(by_hand) == _show_create_tables(by_upgrade)
     assert _versions(by_hand) == _versions(by_upgrade) == [REVISION]
     # The server's own tables: the printed SQL was for this server.
+    assert cli.main(["db", "check", "--database-url", _url_text(by_hand)]) == 0
+
+
+def _postgresql_program(name: str) -> str:
+    """A PostgreSQL client program (``psql``, ``pg_dump``): on the PATH, else
+    the newest of those Debian installs beside the server."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    installed = Path("/usr/lib/postgresql").glob(f"*/bin/{name}")
+    newest = max(installed, key=lambda path: int(path.parts[-3]), default=None)
+    return str(newest) if newest is not None else name
+
+
+def _postgresql_client(program: str, url: URL, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``psql`` or ``pg_dump`` on the database at ``url``."""
+    env = _environment()
+    if url.password is not None:
+        env["PGPASSWORD"] = str(url.password)
+    where = ["-h", str(url.host), "-p", str(url.port or 5432), "-U", str(url.username)]
+    return subprocess.run(
+        [_postgresql_program(program), *where, *args, "-d", str(url.database)],
+        env=env,
+        text=True,
+        check=False,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def _postgresql_schema(url: URL) -> list[str]:
+    """What ``pg_dump --schema-only`` shows of the database at ``url``: every
+    table, column, type, collation, default, constraint, index and sequence,
+    and their owners."""
+    dumped = _postgresql_client("pg_dump", url, "--schema-only")
+    assert dumped.returncode == 0, dumped.stderr
+    # Without the lines that fence the dump (pg_dump 15.14 and later): their key is random.
+    fences = ("\\restrict ", "\\unrestrict ")
+    return [line for line in dumped.stdout.splitlines() if not line.startswith(fences)]
+
+
+@pytest.mark.parametrize("how", ["--dialect postgresql", "url postgresql", "alembic postgresql"])
+def test_the_dbas_sql_makes_what_db_upgrade_makes_on_postgresql(
+    how: str, new_pg_database: NewDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The SQL printed for PostgreSQL, applied by ``psql`` as a DBA would
+    (stopping at the first error), makes exactly the schema ``db upgrade``
+    makes, and records the same revision."""
+    by_hand, by_upgrade = new_pg_database(), new_pg_database()
+    sql = _printed_sql(how, by_hand, tmp_path, capsys)
+    assert sql.startswith("-- pathlock's tables, for PostgreSQL.")
+    (tmp_path / "pathlock.sql").write_text(sql)
+    applied = _postgresql_client(
+        "psql", by_hand, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(tmp_path / "pathlock.sql")
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert cli.main(["db", "upgrade", "--database-url", _url_text(by_upgrade)]) == 0
+    made = _postgresql_schema(by_hand)
+    assert made == _postgresql_schema(by_upgrade)
+    # Not two empty dumps: the tables of the newest revision (0011's paths).
+    for table in TABLES:
+        assert f"CREATE TABLE public.{table} (" in made
+    assert '    path character varying(4000) NOT NULL COLLATE pg_catalog."C",' in made
+    assert _versions(by_hand) == _versions(by_upgrade) == [REVISION]
     assert cli.main(["db", "check", "--database-url", _url_text(by_hand)]) == 0
 
 
