@@ -106,6 +106,19 @@ PATH_COLLATION = "C"
 # left(b, n)): a range of paths lies inside the range of their prefixes.
 PATH_KEY_LENGTH = 600
 
+# The first lines of the SQL printed for PostgreSQL (--sql). It works there
+# alone: given to MySQL or MariaDB, its first CREATE TABLEs went through and
+# left two tables of the wrong server's kind before BIGSERIAL failed. The SET
+# of a setting of pathlock's own is a session's, so it changes nothing on
+# PostgreSQL; MySQL and MariaDB know no such variable, and their client stops
+# there (MariaDB's shows the statement, and so its value, with the error).
+_SQL_HEADER = """\
+-- pathlock's tables, for PostgreSQL. For MySQL 8.0 or MariaDB 10.5, print them with
+-- --dialect mysql or --dialect mariadb.
+-- The first statement stops this script on MySQL and MariaDB, before it creates anything.
+SET pathlock.this_sql_is_for =
+    'PostgreSQL: print the SQL for MySQL or MariaDB with --dialect mysql or --dialect mariadb';"""
+
 
 def _connection_failed(error: DBAPIError) -> bool:
     """The connection could not be made, or was lost, or timed out: psycopg
@@ -147,7 +160,7 @@ class PostgreSQL(Dialect):
         return f"{name}+psycopg://"
 
     def sql_header(self, name: str) -> str:  # noqa: ARG002 - one name
-        return "-- pathlock's tables, for PostgreSQL."
+        return _SQL_HEADER
 
     def skips_locked_rows(self, dialect: SQLAlchemyDialect) -> bool:  # noqa: ARG002
         return True  # FOR UPDATE SKIP LOCKED since PostgreSQL 9.5

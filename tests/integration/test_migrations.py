@@ -724,6 +724,39 @@ def test_the_dbas_sql_makes_what_db_upgrade_makes_on_postgresql(
 
 
 @pytest.mark.usefixtures("on_mariadb")
+def test_the_sql_for_postgresql_stops_on_mariadb_before_creating_anything(
+    new_database: NewDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It created pathlock_alembic_version and customer_locks, then failed
+    at path_locks' BIGSERIAL, and left them there, half made."""
+    url = new_database()
+    sql = _printed_sql("--dialect postgresql", url, tmp_path, capsys)
+    applied = _run_the_client(url, sql)
+    assert applied.returncode == 1
+    assert "ERROR 4081 (HY000) at line 4: Unknown structured system variable" in applied.stderr
+    assert (
+        "'PostgreSQL: print the SQL for MySQL or MariaDB with --dialect mysql or --dialect mariadb'"
+    ) in applied.stderr
+    assert _table_names(url) == set()
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_the_sql_for_mysql_and_mariadb_stops_on_postgresql_before_creating_anything(
+    name: str, new_pg_database: NewDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = new_pg_database()
+    (tmp_path / "pathlock.sql").write_text(_printed_sql(f"--dialect {name}", url, tmp_path, capsys))
+    applied = _postgresql_client(
+        "psql", url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(tmp_path / "pathlock.sql")
+    )
+    assert applied.returncode == 3  # psql: a script stopped at an error
+    # At the first statement, the one that stops it on any other server.
+    assert 'ERROR:  syntax error at or near "CASE"' in applied.stderr
+    assert "LINE 1: SET SESSION sql_mode = CASE" in applied.stderr
+    assert _table_names(url) == set()
+
+
+@pytest.mark.usefixtures("on_mariadb")
 @pytest.mark.parametrize("how", ["--dialect mysql", "url mysql", "alembic mysql"])
 def test_the_sql_for_mysql_stops_on_mariadb_before_creating_anything(
     how: str,
