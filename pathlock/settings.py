@@ -110,8 +110,9 @@ class Settings:
     - ``lock_wait_timeout`` (whole seconds, default 10): how long the server
       lets a statement wait for a row lock (``innodb_lock_wait_timeout``).
     - ``idle_transaction_timeout`` (whole seconds, default 5): how long a
-      MariaDB server lets a transaction of pathlock's sit idle before it ends
-      the session (``idle_transaction_timeout``): a frozen client holds its
+      MariaDB or PostgreSQL server lets a transaction of pathlock's sit idle
+      before it ends the session (``idle_transaction_timeout``,
+      ``idle_in_transaction_session_timeout``): a frozen client holds its
       customer's row no longer.
     - ``sqlite_busy_timeout`` (seconds, default 10.0): how long a SQLite
       connection waits for the file's write lock.
@@ -255,16 +256,18 @@ class Settings:
     client that gave up while its statement waits."""
 
     idle_transaction_timeout: int = 5
-    """Whole seconds a MariaDB server lets a transaction of pathlock's sit
-    idle, between statements, before it ends the session
-    (``idle_transaction_timeout``, MariaDB 10.3+), on engines pathlock
-    creates; a smaller value the session already has is kept. pathlock's own
-    transactions last milliseconds, but a client stopped inside one (SIGSTOP,
-    a paused VM, a silent network) held its customer's sentinel row, and so
-    every grant, release and renewal of that customer, until the server's
-    ``wait_timeout`` (8 hours by default). MySQL has no such setting: there a
-    frozen client holds the row until ``wait_timeout`` ends its session (set
-    it lower on the server) or an operator kills it."""
+    """Whole seconds a MariaDB or PostgreSQL server lets a transaction of
+    pathlock's sit idle, between statements, before it ends the session
+    (``idle_transaction_timeout``, MariaDB 10.3+, where a smaller value the
+    session already has is kept; ``idle_in_transaction_session_timeout`` on
+    PostgreSQL), on engines pathlock creates. pathlock's own transactions
+    last milliseconds, but a client stopped inside one (SIGSTOP, a paused VM,
+    a silent network) held its customer's sentinel row, and so every grant,
+    release and renewal of that customer, until MariaDB's ``wait_timeout``
+    (8 hours by default) or, on PostgreSQL, for as long as its connection
+    stayed up. MySQL has no such setting: there a frozen client holds the row
+    until ``wait_timeout`` ends its session (set it lower on the server) or
+    an operator kills it."""
 
     sqlite_busy_timeout: float = 10.0
     """How long a SQLite connection waits for the file's write lock."""
