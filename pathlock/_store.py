@@ -557,7 +557,10 @@ class Store:
         """Compile the statements of ``request``'s shape that travel in one
         batch, before its time starts to run (see :func:`batch.prepare`)."""
         dialect = self.router.nodes[0].engine.dialect
-        if self.dialect.batches:
+        # Not for an engine whose batches were not set up (an asyncio
+        # engine of PostgreSQL's, which sends statements one by one): the
+        # compilation would be client CPU spent for nothing.
+        if self.dialect.batches and may_commit(dialect):
             form = shape(request.paths, request.shallow)
             if form in self._prepared:
                 return  # a request of this shape prepared them moments ago
