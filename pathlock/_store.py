@@ -569,14 +569,13 @@ class Store:
             self._prepared.add(form)
             batch.prepare(CLAIM, dialect)
             batch.prepare(grant_statement(form, queued=True), dialect)
-            if may_commit(dialect):
-                batch.prepare(LEAN_CLAIM, dialect)
-                batch.prepare(lean_grant(len(request.paths), bool(request.shallow)), dialect)
-                for fresh in (True, False):
-                    statement = grant_statement(
-                        form, queued=True, sentinel_after=True, fresh=fresh, after_lock=True
-                    )
-                    batch.prepare(statement, dialect)
+            batch.prepare(LEAN_CLAIM, dialect)
+            batch.prepare(lean_grant(len(request.paths), bool(request.shallow)), dialect)
+            for fresh in (True, False):
+                statement = grant_statement(
+                    form, queued=True, sentinel_after=True, fresh=fresh, after_lock=True
+                )
+                batch.prepare(statement, dialect)
 
     def try_grant(
         self,
