@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
 from typing import Any
 
@@ -54,6 +55,7 @@ class BoundedConnection(psycopg.Connection[Any]):
     _pathlock_asked = False  # whether a batch was sent on this connection
     _pathlock_begins = False  # the query being sent begins its transaction
     _pathlock_unread = False  # the current result of the batch not read yet
+    _pathlock_pid = 0  # the process that opened it
 
     def send_batch(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
         """Send the statements ``sql`` (separated by semicolons) with
@@ -156,7 +158,14 @@ class BoundedConnection(psycopg.Connection[Any]):
         # server then ends the session), as PyMySQL's connections are; psycopg
         # would also warn (ResourceWarning), which pathlock's own tests turn
         # into failures at whatever test the collector happens to run in.
-        if getattr(self, "pgconn", None) is not None and not self.closed:
+        # Not in a forked child, which drops the parent's pool unclosed: a
+        # finish() sends the server a Terminate on the socket the child
+        # shares with its parent, and ended the parent's session.
+        if (
+            getattr(self, "pgconn", None) is not None
+            and not self.closed
+            and self._pathlock_pid == os.getpid()
+        ):
             self.pgconn.finish()
 
     def commit(self) -> None:
@@ -179,4 +188,6 @@ def connect(*cargs: Any, **cparams: Any) -> BoundedConnection:
         if configured is None or int(configured) > seconds:
             cparams["connect_timeout"] = seconds
     cparams["prepare_threshold"] = None
-    return BoundedConnection.connect(*cargs, **cparams)
+    connection = BoundedConnection.connect(*cargs, **cparams)
+    connection._pathlock_pid = os.getpid()
+    return connection

@@ -8,6 +8,7 @@ its ttl), and no two holders ever believe they hold conflicting locks.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 
 from pathlock import (
     CustomerLocks,
@@ -234,6 +235,37 @@ def test_forked_children_and_their_parent_share_no_connection(
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     assert _count(raw_engine, customer_id) == (0, 0)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_forked_child_that_drops_the_parents_pool_leaves_its_sessions_open(
+    used_manager: PathLockManager, customer_id: int
+) -> None:
+    # The child drops the pool it inherited, unclosed, and the collector
+    # frees its connections: nothing of that may reach the server on the
+    # sockets the child shares with its parent. On PostgreSQL it sent a
+    # Terminate, which ended the parent's sessions.
+    engines = {node.engine for node in used_manager._store.router.nodes}
+    engines |= {node.engine for node in used_manager._renewals.router.nodes}
+    locks = used_manager.for_customer(customer_id)
+    for _ in range(3):  # a connection or two in each pool
+        with locks.lock_paths("/parent", timeout=HANG):
+            pass
+    connected: list[object] = []
+    for engine in engines:
+        event.listen(engine, "connect", lambda *_: connected.append(1))
+
+    def child() -> int:
+        with locks.lock_paths("/child", timeout=HANG):
+            pass
+        gc.collect()
+        return 0
+
+    assert _in_child(child) == 0
+    for _ in range(5):
+        with locks.lock_paths("/parent", timeout=HANG):
+            pass
+    assert connected == []  # the parent's connections still worked
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
