@@ -105,6 +105,7 @@ def acquire(
         wait_limit=wait_limit,
         handed_over=store.hands_over,
         owner_busy=not owners.is_named(request.owner),
+        told=wakeups.told,
     )
     watch = wakeups.watch(request.customer_id, request.paths)
 

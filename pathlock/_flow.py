@@ -224,6 +224,7 @@ class AcquireFlow:
         wait_limit: float | None,
         handed_over: bool = False,
         owner_busy: bool = False,
+        told: Callable[[], bool] = lambda: False,
     ) -> None:
         self.request = request
         # Whether the request's owner takes no lock while it waits (a thread
@@ -236,6 +237,10 @@ class AcquireFlow:
         # Whether a release may grant this request's paths to it while it is
         # queued (Store.release): then its checks look for that too.
         self._handed_over = handed_over
+        # Whether a release that hands this request its paths wakes it at
+        # once (the database's notice, heard by this process): then it need
+        # not look often for them.
+        self._told = told
         self._settings = settings
         self._clock = settings.clock
         self._delays = delays
@@ -485,10 +490,12 @@ class AcquireFlow:
             self._next_in_line
             and self._queued_for_hand_over()
             and self._clock.monotonic() < self._look_often_until
+            and not self._told()
         ):
             # A release will likely hand its paths to this request: look
             # often, without the policy's growing gaps, for a while (on a
-            # busy path the lock in its way is held briefly).
+            # busy path the lock in its way is held briefly), unless that
+            # release tells it.
             delay = min(delay, self._settings.hand_over_check)
         return delay
 

@@ -69,6 +69,7 @@ from pathlock.dialects import (
     InsertedId,
     JsonArray,
     MicrosecondsLeft,
+    Notice,
     Now,
     NowPlus,
     PathIn,
@@ -913,6 +914,10 @@ WAITER_QUEUED = (
     .values(waiter_rows=customer_locks.c.waiter_rows + 1)
 )
 WAITERS_REMOVED = _counted(customer_locks.c.waiter_rows, -1)
+# After WAITERS_REMOVED in a release's hand-over: tells the process of the
+# request granted (its queue row deleted) at once, where the database has
+# notices (Dialect.notices); a SELECT, so it leaves ROW_COUNT() as it was.
+WAKE_HEIR = select(Notice(bindparam("notice", type_=String))).where(Changed() > literal_column("0"))
 VERSION = select(customer_locks.c.version).where(customer_locks.c.customer_id == bindparam("c_id"))
 # BUMP and CLAIM whose reply carries the new version, where the database's
 # UPDATE can return rows and its sentinel write's reply does not carry the

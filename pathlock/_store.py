@@ -105,6 +105,7 @@ from pathlock._statements import (
     WAITER_QUEUED,
     WAITERS_ALIVE,
     WAITERS_REMOVED,
+    WAKE_HEIR,
     WATCHED_HEAD,
     WATCHED_LEASES,
     WATCHED_LEASES_LEFT,
@@ -1570,12 +1571,18 @@ class Store:
         ticket = {"c_id": customer_id, "l_id": head.lease_id, "w_ticket": head.ticket}
         # WAITERS_REMOVED matches a row only where the queue row was deleted:
         # a statement after these may ask ROW_COUNT() whether it was.
-        return [
+        steps: list[tuple[Any, dict[str, Any]]] = [
             (statement, parameters),
             (CLAIM_IF_GRANTED, parameters),
             (DEQUEUE_IF_GRANTED, ticket),
             (WAITERS_REMOVED, ticket),
         ]
+        if self.dialect.notices:
+            # The request's process hears it granted at once (not at its
+            # next check): only here, where a queue is, for a notice costs
+            # the commit a lock of the whole database.
+            steps.append((WAKE_HEIR, {"notice": f"{customer_id} {head.ticket}"}))
+        return steps
 
     def _note_heir(self, customer_id: int, lease_id: str, row: Any) -> None:
         """Keep the request that is next in line now that ``lease_id`` was

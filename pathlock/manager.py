@@ -71,7 +71,7 @@ from pathlock.types import (
     PathMode,
     WaiterInfo,
 )
-from pathlock.waiting import ExponentialBackoff, LocalWakeups, WaitPolicy
+from pathlock.waiting import ExponentialBackoff, Hearing, LocalWakeups, WaitPolicy
 
 if TYPE_CHECKING:
     from apscheduler.job import Job
@@ -410,7 +410,13 @@ class PathLockManager:
     def _new_wakeups(self) -> LocalWakeups:
         if self._asynchronous:
             return LocalWakeups(self._loop_runner.waker)
-        return LocalWakeups()
+        return LocalWakeups(listen=self._listen)
+
+    def _listen(self, heard: Callable[[int, int], None]) -> Hearing | None:
+        """Hear the database's notices of hand-overs (see
+        :meth:`LocalWakeups.told`), where it has them."""
+        store = self._store
+        return store.dialect.listen(store.router.nodes[0].engine, heard)
 
     # Read-only: the manager's leases, waiters and renewals were made with them.
 

@@ -198,6 +198,24 @@ class ThreadWaker:
         self._lock.acquire(True, seconds)
 
 
+class Hearing(Protocol):
+    """A subscription to the database's notices of hand-overs."""
+
+    @property
+    def live(self) -> bool:
+        """Whether notices are heard now."""
+        ...
+
+    def stop(self) -> None:
+        """Stop hearing them; idempotent."""
+        ...
+
+
+Listen = Callable[[Callable[[int, int], None]], "Hearing | None"]
+"""Starts hearing the notices of hand-overs, each passed as ``(customer_id,
+ticket)`` to the function given; ``None`` where the database has none."""
+
+
 class LocalWakeups:
     """Lets a release in this process wake this process's waiters of the same
     customer at once, instead of at their next poll: one waiter per place in
@@ -216,13 +234,19 @@ class LocalWakeups:
     lands between the attempt and the sleep is not missed.
     """
 
-    def __init__(self, wakers: Callable[[], Waker] | None = None) -> None:
+    def __init__(
+        self, wakers: Callable[[], Waker] | None = None, listen: Listen | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
         self._closed = False
         # How a waiter sleeps until it is woken: a lock on its own thread, or
         # an event of the asyncio API's loop.
         self._wakers: Callable[[], Waker] = ThreadWaker if wakers is None else wakers
+        # Hears the database's notices of hand-overs, once a request of this
+        # process is next in line (see told()).
+        self._listen = listen
+        self._hearing: Hearing | None = None
 
     def watch(self, customer_id: int, paths: Sequence[PathMode] | None = None) -> Watch:
         """Start watching ``customer_id`` for a request of ``paths`` (``None``:
@@ -243,6 +267,37 @@ class LocalWakeups:
                     if not watch._behind(entry) and watch._may_follow(paths):
                         watch._signal(released=True)
 
+    def handed(self, customer_id: int, ticket: int) -> None:
+        """The database said a release handed paths to the queued request
+        ``ticket`` of ``customer_id``: wake that request, if it waits in this
+        process (any thread may call this)."""
+        with self._lock:
+            entry = self._entries.get(customer_id)
+            watch = None if entry is None else entry.tickets.get(ticket)
+            if watch is not None:
+                watch._signal(released=True)
+
+    def told(self) -> bool:
+        """Whether a release that hands paths to a request of this process
+        wakes it at once (:meth:`handed`, called as the database's notices
+        are heard): where the database has notices, this process listens
+        from the first call on, and this is true while the listening
+        connection is up."""
+        if self._listen is None:
+            return False
+        hearing = self._hearing
+        if hearing is None:
+            with self._lock:
+                if self._closed:
+                    return False
+                if self._hearing is None:
+                    self._hearing = self._listen(self.handed)
+                    if self._hearing is None:
+                        self._listen = None  # none on this database
+                        return False
+                hearing = self._hearing
+        return hearing.live
+
     def queued(self) -> int:
         """How many requests of this process hold a place in a queue now."""
         with self._lock:
@@ -253,9 +308,12 @@ class LocalWakeups:
         so each sees the manager closed before its next attempt."""
         with self._lock:
             self._closed = True
+            hearing, self._hearing = self._hearing, None
             for entry in self._entries.values():
                 for watch in entry.watches:
                     watch._signal(released=True)
+        if hearing is not None:
+            hearing.stop()
 
 
 class _Entry:

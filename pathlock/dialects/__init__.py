@@ -45,6 +45,7 @@ from pathlock.dialects.base import (
     InsertIfAbsent,
     JsonArray,
     MicrosecondsLeft,
+    Notice,
     Now,
     NowPlus,
     PathIn,
@@ -56,6 +57,7 @@ from pathlock.dialects.base import (
     family,
 )
 from pathlock.errors import InvalidArgument
+from pathlock.waiting import Hearing
 
 
 def _import_families() -> None:
@@ -170,11 +172,13 @@ __all__ = [
     "Changed",
     "Dialect",
     "Fenced",
+    "Hearing",
     "InGrantTime",
     "InsertedId",
     "JsonArray",
     "MicrosecondsLeft",
     "MySQL",
+    "Notice",
     "Now",
     "NowPlus",
     "PathIn",

@@ -3,7 +3,7 @@ whose spelling differs between them (each family's module compiles them)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,6 +33,7 @@ from sqlalchemy.types import TypeEngine
 
 from pathlock import _deadlines as deadlines
 from pathlock.errors import InvalidArgument
+from pathlock.waiting import Hearing
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -126,6 +127,17 @@ class InsertedId(FunctionElement[int]):
     inherit_cache = True
 
 
+class Notice(FunctionElement[str]):
+    """Tells every session listening for pathlock's notices, when the
+    transaction commits, its one argument (text): what a release that
+    handed paths to a queued request sends, for the process of that request
+    to wake it at once (see :meth:`Dialect.listen`). Only a family whose
+    :attr:`Dialect.notices` is true spells it."""
+
+    type = String()
+    inherit_cache = True
+
+
 class JsonArray(FunctionElement[str]):
     """Its arguments as the text of one JSON array (times as ISO 8601
     text), for reads whose rows the client parses."""
@@ -177,6 +189,7 @@ class SetGrantUntil(Executable, ClauseElement):
 @compiles(Changed)
 @compiles(InsertedId)
 @compiles(JsonArray)
+@compiles(Notice)
 @compiles(MicrosecondsLeft)
 @compiles(WaitedInTime)
 @compiles(InGrantTime)
@@ -558,6 +571,24 @@ class Dialect:
     def batches(self) -> bool:
         """Whether engines of this family that pathlock creates batch."""
         return False
+
+    notices: ClassVar[bool] = False
+    """Whether a release that hands paths to a queued request tells the
+    request's process so at once, in its transaction (:class:`Notice`), for
+    :meth:`listen` to hear: then the request waits for that, rather than
+    reading the database every millisecond or so while it is next in line."""
+
+    def listen(
+        self,
+        engine: Engine,  # noqa: ARG002 - a family with notices needs them
+        heard: Callable[[int, int], None],  # noqa: ARG002
+    ) -> Hearing | None:
+        """Start hearing the notices of hand-overs on ``engine``'s database
+        (:attr:`notices`), on a connection of their own that this process
+        shares among its listeners: ``heard(customer_id, ticket)`` is called,
+        from another thread, for each hand-over to the queued request
+        ``ticket``. ``None`` where the family, or ``engine``, has no notices."""
+        return None
 
 
 _T = TypeVar("_T")

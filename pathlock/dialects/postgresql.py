@@ -7,7 +7,7 @@ import logging
 import operator
 import re
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
@@ -37,6 +37,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 from pathlock import _interrupts as interrupts
 from pathlock.dialects._commits import commit_in_batches
 from pathlock.dialects._pg_batches import BATCH_REPLY, PREPARED
+from pathlock.dialects._pg_notices import CHANNEL, listening
 from pathlock.dialects.base import (
     BATCHED,
     CHANGED_ROWS,
@@ -51,6 +52,7 @@ from pathlock.dialects.base import (
     InsertedId,
     JsonArray,
     MicrosecondsLeft,
+    Notice,
     Now,
     NowPlus,
     PathIn,
@@ -64,6 +66,7 @@ from pathlock.dialects.base import (
 )
 from pathlock.errors import BackendError
 from pathlock.paths import MAX_PATH_LENGTH
+from pathlock.waiting import Hearing
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -259,6 +262,13 @@ class PostgreSQL(Dialect):
     @property
     def batches(self) -> bool:
         return True
+
+    notices = True
+
+    def listen(self, engine: Engine, heard: Callable[[int, int], None]) -> Hearing | None:
+        if is_async(engine):
+            return None  # its connections serve a loop, not a thread of their own
+        return listening(engine, heard)
 
     def end_sessions(
         self, connection: Connection, sessions: Collection[ServerSession], ends: float
@@ -457,6 +467,11 @@ def _inserted_id(_element: InsertedId, compiler: SQLCompiler, **kw: Any) -> str:
     if kw.get(BATCHED):
         return _setting(_ID_SETTING, "BIGINT")
     return str(compiler.process(bindparam(INSERTED_ID, type_=BigInteger), **kw))
+
+
+@compiles(Notice, "postgresql")
+def _notice(element: Notice, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"pg_notify('{CHANNEL}', {compiler.process(element.clauses, **kw)})"
 
 
 @compiles(JsonArray, "postgresql")

@@ -42,13 +42,19 @@ BATCHING = {
 }
 
 
+# Statements a family sends only if it has notices (Dialect.notices).
+NOTICES_ONLY = (statements.WAKE_HEIR,)
+
+
 def _compiled(statement: Executable, dialect: Dialect) -> SQLCompiler | None:
     """``statement`` compiled for ``dialect``; ``None`` if it is one that only
-    batches use and the dialect's family does not batch."""
+    batches (or notices) use and the dialect's family does not batch (or
+    has no notices)."""
     try:
         return statement.compile(dialect=dialect)  # type: ignore[attr-defined, no-any-return]
     except CompileError:
-        if dialect.name in {d.name for d in BATCHING.values()}:
+        family = dialects.for_name(dialect.name)
+        if family.batches and (family.notices or statement not in NOTICES_ONLY):
             raise
         return None
 
