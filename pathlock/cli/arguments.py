@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line (``pathlock --help`` shows it)."""
     parser = _Parser(
         prog="pathlock",
-        description="Hierarchical path locks kept in your MySQL/MariaDB database "
+        description="Hierarchical path locks kept in your MySQL/MariaDB or PostgreSQL database "
         "(or, on one host, in an embedded SQLite file).",
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -57,7 +57,9 @@ def test_bench_help_from_the_command_and_python_m_pathlock() -> None:
     assert module.stdout == command.stdout
 
 
-@pytest.mark.parametrize("module", ["pathlock.bench.cluster", "pathlock.bench.heartbeat"])
+@pytest.mark.parametrize(
+    "module", ["pathlock.bench.cluster", "pathlock.bench.heartbeat", "pathlock.bench.notices"]
+)
 def test_the_other_benchmarks_help(module: str) -> None:
     """The cluster and heartbeat benchmarks live in the one tree too: their
     command lines answer ``--help`` without a database."""
@@ -70,6 +72,32 @@ def test_the_other_benchmarks_help(module: str) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert f"python -m {module}" in run.stdout
+
+
+def test_the_notices_benchmark_compares_both_ways_of_waiting(postgresql_url: str) -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathlock.bench.notices",
+            f"--url={postgresql_url}",
+            "--rounds=2",
+            "--holds=0.005",
+            "--processes=2",
+            "--seconds=0.3",
+            "--blocks=2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "### Hand-off" in run.stdout
+    assert "### Hot path" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.startswith(("| notices", "| polling"))]
+    assert len(rows) == 4
 
 
 def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_path: Path) -> None:
