@@ -123,11 +123,26 @@ SET pathlock.this_sql_is_for =
     'PostgreSQL: print the SQL for MySQL or MariaDB with --dialect mysql or --dialect mariadb';"""
 
 
+# What the server answers a connection it refuses for good (libpq passes its
+# FATAL on as text, without a SQLSTATE): no retry can cure these.
+_REFUSED = re.compile(
+    r"FATAL:\s+(?:role \S+ does not exist|database \S+ does not exist"
+    r"|password authentication failed|permission denied|no pg_hba\.conf entry"
+    r"|\w+ authentication failed)"
+)
+
+
 def _connection_failed(error: DBAPIError) -> bool:
     """The connection could not be made, or was lost, or timed out: psycopg
     raises these as OperationalError without a SQLSTATE (the server said
-    nothing), as PyMySQL raises 2003, 2006 and 2013."""
-    return isinstance(error, OperationalError) and _sqlstate(error) is None
+    nothing), as PyMySQL raises 2003, 2006 and 2013. Not a connection the
+    server refused for good (an unknown role or database, a password or
+    privilege it does not accept), which was retried to no end."""
+    return (
+        isinstance(error, OperationalError)
+        and _sqlstate(error) is None
+        and _REFUSED.search(str(error.orig)) is None
+    )
 
 
 def _sqlstate(error: DBAPIError) -> str | None:

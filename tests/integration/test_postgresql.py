@@ -174,3 +174,22 @@ def test_a_psycopg_whose_waits_take_no_timeout_is_refused(
     monkeypatch.delattr(pathlock.dialects, "_psycopg", raising=False)
     with pytest.raises(BackendError, match=r"psycopg 3\.3\.6 or later"):
         PathLockManager(postgresql_url, heartbeat=False)
+
+
+@pytest.mark.parametrize("refused", ["role", "database"])
+def test_a_connection_the_server_refuses_for_good_fails_at_once(
+    postgresql_url: str, refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # libpq passes the server's FATAL on without a SQLSTATE, as it does a
+    # connection that could not be made: that one is retried, this one was
+    # too, five times, saying "transient".
+    url = make_url(postgresql_url)
+    nobody = f"pathlock_no_{secrets.token_hex(4)}"
+    url = url.set(username=nobody) if refused == "role" else url.set(database=nobody)
+    with (
+        PathLockManager(url.render_as_string(hide_password=False), heartbeat=False) as manager,
+        pytest.raises(BackendError, match=f'{refused} "{nobody}" does not exist') as raised,
+    ):
+        manager.for_customer(1).lock_paths("/Shared/a", timeout=5)
+    assert "persisted" not in str(raised.value)
+    assert not [record for record in caplog.records if "transient" in record.getMessage()]
