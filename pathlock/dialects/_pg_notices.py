@@ -53,6 +53,18 @@ _lock = threading.Lock()
 _listeners: dict[tuple[int, str], _Listener] = {}
 
 
+def _after_fork() -> None:
+    """In a forked child: the parent's listeners are not the child's (their
+    threads are not there), and a thread of the parent may have held the
+    lock at the fork."""
+    global _lock  # noqa: PLW0603 - the module's own, made anew
+    _lock = threading.Lock()
+    _listeners.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def listening(engine: Engine, heard: Heard) -> Subscription:
     """Hear the notices of ``engine``'s database: ``heard(customer_id,
     ticket)`` for each, on the listener's thread."""

@@ -6,6 +6,8 @@ goes with the last manager that listens."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from pathlock import ExponentialBackoff, PathLockManager, Settings
-from pathlock.dialects import PostgreSQL
+from pathlock.dialects import PostgreSQL, _pg_notices
 from pathlock.dialects._pg_notices import CHANNEL
 
 HANG = 30.0  # seconds: only reached when something is broken
@@ -174,3 +176,43 @@ def test_managers_of_a_process_share_one_listener_which_goes_with_the_last(
     finally:
         for manager in (holder, *waiters):
             manager.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_forked_child_hears_on_a_connection_of_its_own(
+    postgresql_url: str, customer_id: int
+) -> None:
+    with (
+        PathLockManager(postgresql_url, heartbeat=False) as holder,
+        PathLockManager(postgresql_url, heartbeat=False, backoff=NO_POLLS, settings=SLOW) as waiter,
+    ):
+        assert _handed_over(holder, waiter, customer_id)  # the parent listens
+        # Another thread of the parent holds the listeners' lock at the fork.
+        holding, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with _pg_notices._lock:
+                holding.set()
+                done.wait(HANG)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        assert holding.wait(HANG)
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                status = 1
+                try:
+                    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                    signal.alarm(20)  # a hang kills the child, not the test run
+                    status = 0 if _handed_over(holder, waiter, customer_id) else 2
+                finally:
+                    os._exit(status)
+        finally:
+            done.set()
+            thread.join(HANG)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The child's listener went with it; the parent's still hears.
+        assert _wait_for(lambda: _listening_sessions(postgresql_url) == 1)
+        assert _handed_over(holder, waiter, customer_id)
