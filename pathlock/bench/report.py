@@ -23,7 +23,8 @@ beside its baseline in the same run, in alternating rounds where that makes sens
 ratio is what counts: these machines are shared and noisy. The suite writes this page; run it
 again to refresh it (`pathlock bench --help`; `--quick` is a smoke test whose figures mean
 nothing). Many requests waiting on one customer are measured by `python -m pathlock.bench.crowd`,
-beside the suite: `docs/BENCHMARKS-CROWD.md`.
+beside the suite: `docs/BENCHMARKS-CROWD.md`; waiters woken by PostgreSQL's notices by
+`python -m pathlock.bench.notices`: `docs/BENCHMARKS-NOTICES.md`.
 
 How the figures are taken:
 
