@@ -140,8 +140,7 @@ def run(
     unbegun = _begin(connection, end)
     proxied = connection.connection
     error_class = dialect.loaded_dbapi.Error
-    dbapi_connection: Any = proxied.dbapi_connection
-    cursor = None if hasattr(dbapi_connection, "send_batch") else dbapi_connection.cursor()
+    dbapi_connection, cursor = _sender(proxied)
     limit = deadlines.current() if commit else None
     if limit is not None:
         limit.commit_unanswered = True
@@ -178,6 +177,18 @@ def run(
         elif rollback:
             _ended(connection, connection.rollback)
     return replies
+
+
+def _sender(proxied: Any) -> tuple[Any, Any]:
+    """What sends a batch on the pooled connection ``proxied``: the driver's
+    connection, where it sends batches itself (under an adapter of
+    SQLAlchemy's for the asyncio drivers), or else the DB-API connection and
+    a cursor of it."""
+    driver = proxied.driver_connection
+    if hasattr(driver, "send_batch"):
+        return driver, None
+    dbapi_connection = proxied.dbapi_connection
+    return dbapi_connection, dbapi_connection.cursor()
 
 
 def _drained(dbapi_connection: Any, cursor: Any, error_class: type[Exception]) -> None:

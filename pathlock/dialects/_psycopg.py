@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors
+from sqlalchemy.util import await_only
 
 if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
     raise ImportError(
@@ -44,42 +45,107 @@ TIMED_OUT = "timed out: the call's time limit passed while waiting for the serve
 """The message of the error a wait that ran out raises (``is_timeout``)."""
 
 
-class BoundedConnection(psycopg.Connection[Any]):
-    """A psycopg connection whose waits for the server end with the time left
-    under the limit in force, which says when a COMMIT got no reply
-    (:attr:`pathlock._deadlines.Limit.commit_unanswered`), and which sends a
-    batch of statements in one query (:meth:`send_batch`)."""
+class _Batching:
+    """What both connections keep of their batches (one query of several
+    statements): the statements the session has prepared, and whether the
+    query being sent begins its own transaction."""
 
-    _pathlock_cursor: psycopg.ClientCursor[Any] | None = None
+    pgconn: Any
+    _pathlock_cursor: Any = None  # the ClientCursor batches are sent through
     _pathlock_prepared: set[str] | None = None  # None: to be asked
     _pathlock_asked = False  # whether a batch was sent on this connection
     _pathlock_begins = False  # the query being sent begins its transaction
     _pathlock_unread = False  # the current result of the batch not read yet
     _pathlock_pid = 0  # the process that opened it
 
-    def send_batch(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
-        """Send the statements ``sql`` (separated by semicolons) with
-        ``parameters`` in one query, their values escaped by psycopg (as its
-        ``ClientCursor`` does), and read every reply: the server runs them in
-        order, each with a snapshot of its own (READ COMMITTED), and runs
-        nothing after one that fails, whose error this raises. Outside a
-        transaction the query begins one itself (psycopg would send its
-        BEGIN alone, a round trip more)."""
-        cursor = self._pathlock_cursor
-        if cursor is None:
-            cursor = self._pathlock_cursor = psycopg.ClientCursor(self)
-        prepared = self._pathlock_prepared
-        if prepared is None:
-            prepared = self._pathlock_prepared = self._pathlock_prepared_now(cursor)
-        # The statements this session has not prepared yet, prepared first.
+    def _pathlock_query(self, sql: str, prepared: set[str]) -> tuple[str, list[str], bool]:
+        """The query that sends ``sql``: the statements this session has not
+        prepared yet (of ``prepared``) prepared first, and a BEGIN of its own
+        outside a transaction (psycopg would send its BEGIN alone, a round
+        trip more). With the names prepared, and whether it begins."""
         new = [name for name in dict.fromkeys(_EXECUTED.findall(sql)) if name not in prepared]
         begins = self.pgconn.transaction_status == _IDLE
         head = "BEGIN;\n" if begins else ""
         if new:
             head += "".join([PREPARED[name] + ";\n" for name in new])
         self._pathlock_begins = begins
+        return head + sql, new, begins
+
+    def _pathlock_sent(self, cursor: Any, prepared: set[str], new: list[str], begins: bool) -> None:
+        """The query went through: its replies to the BEGIN and the PREPAREs
+        skipped; the first statement's is next."""
+        prepared.update(new)
+        for _ in range(begins + len(new)):
+            cursor.nextset()
+        self._pathlock_unread = True
+
+    def _pathlock_next(self) -> Any:
+        """The cursor, on the next statement's reply."""
+        cursor = self._pathlock_cursor
+        assert cursor is not None  # noqa: S101 - send_batch() made it
+        if not self._pathlock_unread and not cursor.nextset():
+            raise psycopg.InterfaceError("no reply left in the batch")
+        self._pathlock_unread = False
+        return cursor
+
+    @staticmethod
+    def _pathlock_reply(
+        names: tuple[str, ...], rows: list[Any]
+    ) -> tuple[int, int | None, tuple[str, ...] | None, list[Any]]:
+        if names[:2] == BATCH_REPLY:
+            changed, generated = rows[0][:2]
+            return changed, generated, None, []
+        return len(rows), None, names, rows
+
+    def drain(self) -> None:
+        """Forget the rest of the batch's replies (all read already)."""
+        self._pathlock_unread = False
+
+    def _start_query(self) -> Any:
+        # psycopg begins a transaction with a BEGIN of its own before a
+        # query, unless the query is a batch that begins it itself.
+        if not self._pathlock_begins:
+            yield from super()._start_query()  # type: ignore[misc]
+
+    def __del__(self, *_: Any) -> None:
+        # A connection dropped without close(): by an interrupt between its
+        # connect and the pool taking it, or with the pool of an engine
+        # nobody disposed. The collector closes its socket either way (the
+        # server then ends the session), as PyMySQL's connections are; psycopg
+        # would also warn (ResourceWarning), which pathlock's own tests turn
+        # into failures at whatever test the collector happens to run in.
+        # Not in a forked child, which drops the parent's pool unclosed: a
+        # finish() sends the server a Terminate on the socket the child
+        # shares with its parent, and ended the parent's session.
+        if (
+            getattr(self, "pgconn", None) is not None
+            and not self.closed  # type: ignore[attr-defined]
+            and self._pathlock_pid == os.getpid()
+        ):
+            self.pgconn.finish()
+
+
+class BoundedConnection(_Batching, psycopg.Connection[Any]):
+    """A psycopg connection whose waits for the server end with the time left
+    under the limit in force, which says when a COMMIT got no reply
+    (:attr:`pathlock._deadlines.Limit.commit_unanswered`), and which sends a
+    batch of statements in one query (:meth:`send_batch`)."""
+
+    def send_batch(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
+        """Send the statements ``sql`` (separated by semicolons) with
+        ``parameters`` in one query, their values escaped by psycopg (as its
+        ``ClientCursor`` does), and read every reply: the server runs them in
+        order, each with a snapshot of its own (READ COMMITTED), and runs
+        nothing after one that fails, whose error this raises."""
+        cursor = self._pathlock_cursor
+        if cursor is None:
+            cursor = self._pathlock_cursor = psycopg.ClientCursor(self)
+        prepared = self._pathlock_prepared
+        if prepared is None:
+            prepared = self._pathlock_prepared = self._pathlock_prepared_now(cursor)
+        query, new, begins = self._pathlock_query(sql, prepared)
         try:
-            cursor.execute(head + sql, parameters)
+            cursor.execute(query, parameters)
         except BaseException:
             if new:
                 # Those before the statement that failed were prepared (a
@@ -88,10 +154,7 @@ class BoundedConnection(psycopg.Connection[Any]):
             raise
         finally:
             self._pathlock_begins = False
-        prepared.update(new)
-        for _ in range(begins + len(new)):
-            cursor.nextset()  # past the replies to the BEGIN and the PREPAREs
-        self._pathlock_unread = True
+        self._pathlock_sent(cursor, prepared, new, begins)
 
     def _pathlock_prepared_now(self, cursor: psycopg.ClientCursor[Any]) -> set[str]:
         """The statements of batches this session has prepared: none on a
@@ -114,30 +177,11 @@ class BoundedConnection(psycopg.Connection[Any]):
         (``None`` for a SELECT), and for a SELECT its columns' names and
         rows. A data-modifying statement replies with one row of the first
         two (see :func:`pathlock.dialects.postgresql._in_batch`)."""
-        cursor = self._pathlock_cursor
-        assert cursor is not None  # noqa: S101 - send_batch() made it
-        if not self._pathlock_unread and not cursor.nextset():
-            raise psycopg.InterfaceError("no reply left in the batch")
-        self._pathlock_unread = False
+        cursor = self._pathlock_next()
         description = cursor.description
         if description is None:  # COMMIT, ROLLBACK
             return max(cursor.rowcount, 0), 0, None, []
-        names = tuple([column.name for column in description])
-        rows = cursor.fetchall()
-        if names[:2] == BATCH_REPLY:
-            changed, generated = rows[0][:2]
-            return changed, generated, None, []
-        return len(rows), None, names, rows
-
-    def drain(self) -> None:
-        """Forget the rest of the batch's replies (all read already)."""
-        self._pathlock_unread = False
-
-    def _start_query(self) -> Any:
-        # psycopg begins a transaction with a BEGIN of its own before a
-        # query, unless the query is a batch that begins it itself.
-        if not self._pathlock_begins:
-            yield from super()._start_query()
+        return self._pathlock_reply(tuple([c.name for c in description]), cursor.fetchall())
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         bounded = deadlines.time_left(timeout)
@@ -151,25 +195,69 @@ class BoundedConnection(psycopg.Connection[Any]):
             self.pgconn.finish()
             raise psycopg.OperationalError(TIMED_OUT) from None
 
-    def __del__(self, *_: Any) -> None:
-        # A connection dropped without close(): by an interrupt between its
-        # connect and the pool taking it, or with the pool of an engine
-        # nobody disposed. The collector closes its socket either way (the
-        # server then ends the session), as PyMySQL's connections are; psycopg
-        # would also warn (ResourceWarning), which pathlock's own tests turn
-        # into failures at whatever test the collector happens to run in.
-        # Not in a forked child, which drops the parent's pool unclosed: a
-        # finish() sends the server a Terminate on the socket the child
-        # shares with its parent, and ended the parent's session.
-        if (
-            getattr(self, "pgconn", None) is not None
-            and not self.closed
-            and self._pathlock_pid == os.getpid()
-        ):
-            self.pgconn.finish()
-
     def commit(self) -> None:
         deadlines.noting_unanswered(super().commit)
+
+
+class BoundedAsyncConnection(_Batching, psycopg.AsyncConnection[Any]):
+    """The asyncio API's psycopg connection, which sends a batch in one query
+    as :class:`BoundedConnection` does. pathlock's code runs in greenlets
+    of SQLAlchemy's (see :mod:`pathlock._aio`): :meth:`send_batch` and
+    :meth:`reply` are called as functions, and await the server on the
+    loop. Its waits end with the asyncio timeout of each attempt."""
+
+    def send_batch(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
+        """As :meth:`BoundedConnection.send_batch`."""
+        await_only(self._pathlock_send(sql, parameters))
+
+    async def _pathlock_send(self, sql: str, parameters: dict[str, Any] | tuple[Any, ...]) -> None:
+        cursor = self._pathlock_cursor
+        if cursor is None:
+            cursor = self._pathlock_cursor = psycopg.AsyncClientCursor(self)
+        prepared = self._pathlock_prepared
+        if prepared is None:
+            prepared = self._pathlock_prepared = await self._pathlock_prepared_now(cursor)
+        query, new, begins = self._pathlock_query(sql, prepared)
+        try:
+            await cursor.execute(query, parameters)
+        except BaseException:
+            if new:
+                self._pathlock_prepared = None  # as BoundedConnection.send_batch()
+            raise
+        finally:
+            self._pathlock_begins = False
+        self._pathlock_sent(cursor, prepared, new, begins)
+
+    async def _pathlock_prepared_now(self, cursor: psycopg.AsyncClientCursor[Any]) -> set[str]:
+        """As :meth:`BoundedConnection._pathlock_prepared_now`."""
+        if not self._pathlock_asked:
+            self._pathlock_asked = True
+            return set()
+        self._pathlock_begins = True
+        try:
+            await cursor.execute(_PREPARED_NOW)
+        finally:
+            self._pathlock_begins = False
+        return {str(row[0]) for row in await cursor.fetchall()}
+
+    def reply(self) -> tuple[int, int | None, tuple[str, ...] | None, list[Any]]:
+        """As :meth:`BoundedConnection.reply`."""
+        cursor = self._pathlock_next()
+        description = cursor.description
+        if description is None:  # COMMIT, ROLLBACK
+            return max(cursor.rowcount, 0), 0, None, []
+        rows = await_only(cursor.fetchall())
+        return self._pathlock_reply(tuple([c.name for c in description]), rows)
+
+
+async def connect_async(*cargs: Any, **cparams: Any) -> BoundedAsyncConnection:
+    """A new :class:`BoundedAsyncConnection` (the psycopg asyncio dialect's
+    ``async_creator_fn``), without psycopg's own prepared statements (see
+    :func:`connect`)."""
+    cparams["prepare_threshold"] = None
+    connection = await BoundedAsyncConnection.connect(*cargs, **cparams)
+    connection._pathlock_pid = os.getpid()
+    return connection
 
 
 def connect(*cargs: Any, **cparams: Any) -> BoundedConnection:

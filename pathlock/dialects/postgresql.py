@@ -206,8 +206,13 @@ class PostgreSQL(Dialect):
         }
         options["connect_args"] = {**_session_options(settings), **options.get("connect_args", {})}
         try:
-            if url.get_driver_name() == "psycopg":
-                from pathlock.dialects import _psycopg  # noqa: F401, PLC0415 - an extra
+            if url.get_driver_name() in ("psycopg", "psycopg_async"):
+                from pathlock.dialects import _psycopg  # noqa: PLC0415 - an extra
+
+                if url.get_driver_name() == "psycopg_async":
+                    # Connections that send batches (the asyncio dialect's hook).
+                    connect = options["connect_args"]
+                    connect.setdefault("async_creator_fn", _psycopg.connect_async)
             engine = new_engine(url, **options)
         except ImportError as error:
             raise BackendError(
@@ -218,7 +223,7 @@ class PostgreSQL(Dialect):
         if not is_async(engine):
             # (asyncio engines: every attempt runs under an asyncio timeout.)
             event.listen(engine, "do_connect", _bounded_connect)
-            self.enable_batches(engine)
+        self.enable_batches(engine)
         event.listen(engine, "connect", _read_session)
         return engine
 

@@ -7,6 +7,7 @@ what they rest on."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from pathlock import PathLockManager
+from pathlock import AsyncPathLockManager, PathLockManager
 from pathlock import _batch as batch
 from pathlock.dialects import Changed, Fenced, InsertedId
 
@@ -164,6 +165,48 @@ def test_an_acquire_and_its_release_are_two_queries(postgresql_url: str, custome
             with locks.lock_paths("/a/b"):
                 pass
         event.remove(manager.engine, "before_cursor_execute", one_by_one)
+    assert len(sent) == 2, sent
+    assert all(re.search(r";\nCOMMIT$", sql) for sql in sent), sent
+
+
+def test_the_asyncio_apis_acquire_and_release_are_two_queries_too(
+    postgresql_url: str, customer_id: int
+) -> None:
+    """Its connections send batches as the synchronous API's do."""
+    from pathlock.dialects import _psycopg  # noqa: PLC0415 - an extra
+
+    sent: list[str] = []
+    connection_class = _psycopg.BoundedAsyncConnection
+    send = connection_class.send_batch
+    start_query = psycopg.AsyncConnection._start_query
+
+    def send_batch(self: _psycopg.BoundedAsyncConnection, sql: str, parameters: object) -> None:
+        sent.append(sql)
+        send(self, sql, parameters)  # type: ignore[arg-type]
+
+    def begin(self: psycopg.AsyncConnection[Any]) -> Any:
+        if not self.autocommit and self.pgconn.transaction_status == _IDLE:
+            sent.append("psycopg's BEGIN")
+        return (yield from start_query(self))
+
+    def one_by_one(*args: object) -> None:
+        sent.append(str(args[2]))
+
+    async def run() -> None:
+        async with AsyncPathLockManager(postgresql_url, heartbeat=False) as manager:
+            locks = manager.for_customer(customer_id)
+            async with locks.lock_paths("/warm"):
+                pass
+            engine = manager._core.engine  # its synchronous face
+            event.listen(engine, "before_cursor_execute", one_by_one)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(connection_class, "send_batch", send_batch)
+                patch.setattr(psycopg.AsyncConnection, "_start_query", begin)
+                async with locks.lock_paths("/a/b"):
+                    pass
+            event.remove(engine, "before_cursor_execute", one_by_one)
+
+    asyncio.run(run())
     assert len(sent) == 2, sent
     assert all(re.search(r";\nCOMMIT$", sql) for sql in sent), sent
 

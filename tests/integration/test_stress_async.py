@@ -108,15 +108,6 @@ PROCESSES = 4
 TASKS = 25  # per process, each making its requests one after another
 
 
-def _tasks(database_url: str) -> int:
-    """The tasks per process on the backend of ``database_url``. PostgreSQL's
-    asyncio API still sends its statements one by one (ten round trips an
-    acquire + release, where MariaDB's sends two): 100 tasks on two cores
-    left most requests timing out within their 0.05-1 s, on the old code as
-    on the new, so the run granted too little to mean anything."""
-    return 10 if database_url.startswith("postgresql") else TASKS
-
-
 OPS = int(os.environ.get("PATHLOCK_ASYNC_STRESS_OPS", "3"))  # requests per task
 SOAK_OPS = 200  # per task with --soak: 20,000 requests in all
 THINK = float(os.environ.get("PATHLOCK_ASYNC_STRESS_THINK", "7"))  # seconds, see above
@@ -463,7 +454,7 @@ async def _process(spec: WorkerSpec, barrier: Barrier) -> _Process:
         await asyncio.to_thread(barrier.wait, START_TIMEOUT)
         await asyncio.gather(
             _contended(shared),
-            *(_task(shared, number) for number in range(_tasks(spec.database_url))),
+            *(_task(shared, number) for number in range(TASKS)),
         )
         await _drain(shared, node_id)
     return shared
@@ -552,7 +543,7 @@ def test_async_tasks_never_overlap_and_cancellations_leave_nothing(
     for summary in summaries:
         totals.update(summary)
     print(
-        f"\nasync stress seed={SEED} {PROCESSES} processes x {_tasks(database_url)} tasks"
+        f"\nasync stress seed={SEED} {PROCESSES} processes x {TASKS} tasks"
         f" x {task_ops} "
         f"requests, {elapsed:.1f} s: {dict(sorted(totals.items()))}; slowest cancellation "
         f"{extras.slowest_cancel:.3f} s; logged: {dict(_log_kinds(tmp_path))}",
@@ -570,7 +561,7 @@ def test_async_tasks_never_overlap_and_cancellations_leave_nothing(
 
     # The run meant something: grants, contention, and cancellations that
     # landed in the request and after the grant.
-    requests = PROCESSES * _tasks(database_url) * task_ops
+    requests = PROCESSES * TASKS * task_ops
     assert len(records) >= requests * 2 // 5, totals
     _at_least(totals, ["try_none", "timeouts"], 1)
     # Cancellations that struck while the request waited: 25 to 37 of 300 in
