@@ -409,7 +409,7 @@ class PathLockManager:
 
     def _new_wakeups(self) -> LocalWakeups:
         if self._asynchronous:
-            return LocalWakeups(self._loop_runner.waker)
+            return LocalWakeups(self._loop_runner.waker, listen=self._listen)
         return LocalWakeups(listen=self._listen)
 
     def _listen(self, heard: Callable[[int, int], None]) -> Hearing | None:

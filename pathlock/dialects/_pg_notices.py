@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import URL
 
 log = logging.getLogger("pathlock.store")
 
@@ -65,14 +65,16 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def listening(engine: Engine, heard: Heard) -> Subscription:
-    """Hear the notices of ``engine``'s database: ``heard(customer_id,
-    ticket)`` for each, on the listener's thread."""
-    key = (os.getpid(), engine.url.render_as_string(hide_password=False))
+def listening(url: URL, connect: Callable[[], Any], heard: Heard) -> Subscription:
+    """Hear the notices of the database at ``url``: ``heard(customer_id,
+    ticket)`` for each, on the listener's thread. ``connect()`` opens a
+    psycopg connection to it, the listener's own (the first listener's, if
+    this process listens there already)."""
+    key = (os.getpid(), url.render_as_string(hide_password=False))
     with _lock:
         listener = _listeners.get(key)
         if listener is None or listener.stopped:
-            listener = _listeners[key] = _Listener(engine.raw_connection, key)
+            listener = _listeners[key] = _Listener(connect, key)
         subscription = Subscription(listener, heard)
         listener.add(heard)
     return subscription
@@ -143,9 +145,7 @@ class _Listener:
     def _listen(self) -> bool:
         """Listen until told to stop or the connection fails; whether the
         session turned out not to be the connection's own."""
-        pooled = self._connect()
-        connection = pooled.driver_connection
-        pooled.detach()  # the listener's, not the pool's
+        connection = self._connect()
         try:
             connection.autocommit = True
             connection.execute(_LISTEN)
@@ -167,7 +167,7 @@ class _Listener:
                     verified = time.monotonic()
             return False
         finally:
-            pooled.close()
+            connection.close()
 
     def _relay(self, payload: str) -> None:
         try:

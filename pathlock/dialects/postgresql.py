@@ -286,9 +286,7 @@ class PostgreSQL(Dialect):
     notices = True
 
     def listen(self, engine: Engine, heard: Callable[[int, int], None]) -> Hearing | None:
-        if is_async(engine):
-            return None  # its connections serve a loop, not a thread of their own
-        return listening(engine, heard)
+        return listening(engine.url, _listener_connection(engine), heard)
 
     def end_sessions(
         self, connection: Connection, sessions: Collection[ServerSession], ends: float
@@ -329,6 +327,43 @@ def _session_options(settings: Settings) -> dict[str, Any]:
         "tcp_user_timeout": socket_ms,
         "connect_timeout": max(2, round(settings.socket_timeout)),
     }
+
+
+# The listener's connection, where it is not one of the engine's (an asyncio
+# engine's serve its loop): the kernel gives up on a server that stopped
+# answering, as for pathlock's sessions.
+_LISTENER_OPTIONS = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "connect_timeout": 10,
+}
+
+
+def _listener_connection(engine: Engine) -> Callable[[], Any]:
+    """How the listener of ``engine``'s database connects: a connection of
+    the engine's, detached from its pool (made as the engine makes its
+    own); for an asyncio engine, a synchronous psycopg connection to its
+    URL, for the listener's thread."""
+    if not is_async(engine):
+
+        def detached() -> Any:
+            pooled = engine.raw_connection()
+            connection = pooled.driver_connection
+            pooled.detach()  # the listener's, not the pool's
+            return connection
+
+        return detached
+
+    def plain() -> Any:
+        from pathlock.dialects import _psycopg  # noqa: PLC0415 - psycopg is an extra
+
+        # The asyncio dialect's arguments are the synchronous one's.
+        cargs, cparams = engine.dialect.create_connect_args(engine.url)
+        return _psycopg.connect(*cargs, **{**_LISTENER_OPTIONS, **cparams})
+
+    return plain
 
 
 def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:

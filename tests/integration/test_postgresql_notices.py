@@ -6,18 +6,20 @@ goes with the last manager that listens."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from pathlock import ExponentialBackoff, PathLockManager, Settings
+from pathlock import AsyncPathLockManager, ExponentialBackoff, PathLockManager, Settings
 from pathlock.dialects import PostgreSQL, _pg_notices
 from pathlock.dialects._pg_notices import CHANNEL
 
@@ -216,3 +218,28 @@ def test_a_forked_child_hears_on_a_connection_of_its_own(
         # The child's listener went with it; the parent's still hears.
         assert _wait_for(lambda: _listening_sessions(postgresql_url) == 1)
         assert _handed_over(holder, waiter, customer_id)
+
+
+def test_an_asyncio_waiter_that_never_polls_is_woken_too(
+    postgresql_url: str, customer_id: int
+) -> None:
+    # Its process listens on a synchronous connection of its own, on a thread.
+    async def run() -> float:
+        async with AsyncPathLockManager(
+            postgresql_url, heartbeat=False, backoff=NO_POLLS, settings=SLOW
+        ) as waiter:
+            with PathLockManager(postgresql_url, heartbeat=False) as holder:
+                lease = holder.for_customer(customer_id).lock_paths("/Shared/a")
+                locks = waiter.for_customer(customer_id)
+
+                async def wait() -> Any:
+                    return await locks.lock_paths("/Shared/a", timeout=4.0)
+
+                waiting = asyncio.create_task(wait())
+                await asyncio.sleep(1.0)  # queued, and listening
+                released = time.monotonic()
+                await asyncio.to_thread(lease.release)
+                await (await waiting).release()
+                return time.monotonic() - released
+
+    assert asyncio.run(run()) < WOKEN
