@@ -70,7 +70,9 @@ def listening(url: URL, connect: Callable[[], Any], heard: Heard) -> Subscriptio
     ticket)`` for each, on the listener's thread. ``connect()`` opens a
     psycopg connection to it, the listener's own (the first listener's, if
     this process listens there already)."""
-    key = (os.getpid(), url.render_as_string(hide_password=False))
+    # One per database, whichever driver (the APIs') reaches it.
+    where = url.set(drivername=url.get_backend_name())
+    key = (os.getpid(), where.render_as_string(hide_password=False))
     with _lock:
         listener = _listeners.get(key)
         if listener is None or listener.stopped:
@@ -81,7 +83,7 @@ def listening(url: URL, connect: Callable[[], Any], heard: Heard) -> Subscriptio
 
 
 class Subscription:
-    """One listener's hearing (:class:`pathlock.dialects.base.Hearing`)."""
+    """One listener's hearing (:class:`pathlock.waiting.Hearing`)."""
 
     def __init__(self, listener: _Listener, heard: Heard) -> None:
         self._listener = listener
@@ -133,9 +135,10 @@ class _Listener:
             try:
                 if self._listen():
                     return  # a pooler in between: no notices to hear
-                delay = RETRY_FIRST
             except Exception as error:  # noqa: BLE001 - logged; the waits poll meanwhile
-                log.debug("hearing hand-overs: %s; connecting again in %g s", error, delay)
+                if self.live:
+                    delay = RETRY_FIRST  # it listened: a new outage
+                log.info("hearing hand-overs: %s; connecting again in %g s", error, delay)
             finally:
                 self.live = False
             if self._halt.wait(delay):
