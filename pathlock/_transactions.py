@@ -458,7 +458,7 @@ class Transactions:
         if self.dialect.is_missing_table(error):
             return (
                 "the pathlock tables are missing: run `pathlock db upgrade` (or the Alembic "
-                "migrations, or manager.create_schema())"
+                "migrations, or manager.create_schema())" + self.dialect.unseen_tables
             )
         return ""
 

@@ -368,6 +368,10 @@ class Dialect:
     to 100,000 characters and more) and ``"long_binary"`` (a lease's data,
     up to 64 KiB and a byte)."""
 
+    unseen_tables: ClassVar[str] = ""
+    """What else the error of missing tables may mean on this family, after
+    the advice to create them (``""``: nothing else)."""
+
     drivers: ClassVar[tuple[str, ...]] = ()
     """The synchronous drivers pathlock reaches the family through, the one to
     name first: a URL that names another one is refused, by both APIs alike

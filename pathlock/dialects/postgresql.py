@@ -160,6 +160,11 @@ class PostgreSQL(Dialect):
     async_driver = "psycopg_async"
     async_drivers = frozenset({"psycopg_async"})
     counts_from_client = True
+    # A role without USAGE on the tables' schema is told they do not exist.
+    unseen_tables = (
+        "; if they exist, this role may not use their schema"
+        " (GRANT USAGE ON SCHEMA ..., docs/MIGRATIONS.md)"
+    )
     column_types: ClassVar[dict[str, TypeEngine[Any]]] = {
         "path": String(MAX_PATH_LENGTH, collation=PATH_COLLATION),
         "timestamp": postgresql.TIMESTAMP(precision=6),
