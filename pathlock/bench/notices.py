@@ -44,6 +44,7 @@ from sqlalchemy import event
 
 from pathlock import PathLockManager
 from pathlock.bench.stats import median, percentile
+from pathlock.bench.workers import _sleep_until
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 MODES = ("notices", "polling")
@@ -83,12 +84,6 @@ def _worker(url: str, mode: str, pipe: Connection) -> None:
             pipe.send((result, taken[0] - before))
     finally:
         manager.close()
-
-
-def _sleep_until(instant: float) -> None:
-    delay = instant - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
 
 
 def _hand_off(

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -84,6 +85,16 @@ def _wait_for(condition: object, seconds: float = HANG) -> bool:
     return False
 
 
+@contextmanager
+def _holder_and_waiter(url: str) -> Iterator[tuple[PathLockManager, PathLockManager]]:
+    """A manager that holds, and one whose requests never poll."""
+    with (
+        PathLockManager(url, heartbeat=False) as holder,
+        PathLockManager(url, heartbeat=False, backoff=NO_POLLS, settings=SLOW) as waiter,
+    ):
+        yield holder, waiter
+
+
 def _handed_over(holder: PathLockManager, waiter: PathLockManager, customer_id: int) -> bool:
     """``holder`` holds ``/Shared/a`` while a request of ``waiter`` that
     never polls queues for it (its time: 4 s); the release hands the path
@@ -121,10 +132,7 @@ def test_only_a_release_that_hands_over_sends_a_notice(
 def test_a_waiter_that_never_polls_is_woken_by_the_release_that_hands_it_over(
     postgresql_url: str, customer_id: int
 ) -> None:
-    with (
-        PathLockManager(postgresql_url, heartbeat=False) as holder,
-        PathLockManager(postgresql_url, heartbeat=False, backoff=NO_POLLS, settings=SLOW) as waiter,
-    ):
+    with _holder_and_waiter(postgresql_url) as (holder, waiter):
         assert _handed_over(holder, waiter, customer_id)
 
 
@@ -133,20 +141,14 @@ def test_without_notices_such_a_waiter_waits_for_its_own_check(
 ) -> None:
     # The test above, failing where nothing is heard: it tests the notices.
     monkeypatch.setattr(PostgreSQL, "listen", lambda *_: None)
-    with (
-        PathLockManager(postgresql_url, heartbeat=False) as holder,
-        PathLockManager(postgresql_url, heartbeat=False, backoff=NO_POLLS, settings=SLOW) as waiter,
-    ):
+    with _holder_and_waiter(postgresql_url) as (holder, waiter):
         assert not _handed_over(holder, waiter, customer_id)
 
 
 def test_the_listener_comes_back_after_its_session_is_ended(
     postgresql_url: str, customer_id: int
 ) -> None:
-    with (
-        PathLockManager(postgresql_url, heartbeat=False) as holder,
-        PathLockManager(postgresql_url, heartbeat=False, backoff=NO_POLLS, settings=SLOW) as waiter,
-    ):
+    with _holder_and_waiter(postgresql_url) as (holder, waiter):
         assert _handed_over(holder, waiter, customer_id)
         with psycopg.connect(_conninfo(postgresql_url), autocommit=True) as connection:
             connection.execute(
@@ -184,10 +186,7 @@ def test_managers_of_a_process_share_one_listener_which_goes_with_the_last(
 def test_a_forked_child_hears_on_a_connection_of_its_own(
     postgresql_url: str, customer_id: int
 ) -> None:
-    with (
-        PathLockManager(postgresql_url, heartbeat=False) as holder,
-        PathLockManager(postgresql_url, heartbeat=False, backoff=NO_POLLS, settings=SLOW) as waiter,
-    ):
+    with _holder_and_waiter(postgresql_url) as (holder, waiter):
         assert _handed_over(holder, waiter, customer_id)  # the parent listens
         # Another thread of the parent holds the listeners' lock at the fork.
         holding, done = threading.Event(), threading.Event()
