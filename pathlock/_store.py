@@ -558,8 +558,8 @@ class Store:
         """Compile the statements of ``request``'s shape that travel in one
         batch, before its time starts to run (see :func:`batch.prepare`)."""
         dialect = self.router.nodes[0].engine.dialect
-        # Not for an engine whose batches were not set up (an asyncio
-        # engine of PostgreSQL's, which sends statements one by one): the
+        # Not for an engine whose batches pathlock did not set up (a
+        # caller's own, which may send statements one by one): the
         # compilation would be client CPU spent for nothing.
         if self.dialect.batches and may_commit(dialect):
             form = shape(request.paths, request.shallow)
