@@ -96,7 +96,7 @@ def acquire(
     ``limits``: the request's limit is appended to it, for the caller to tell
     afterwards whether any attempt got a connection
     (:attr:`pathlock._deadlines.Limit.connected`)."""
-    store.prepare(request)  # client CPU, not the database's time
+    store.grants.prepare(request)  # client CPU, not the database's time
     flow = AcquireFlow(
         request,
         store.settings,
@@ -163,7 +163,7 @@ class _Steps:
         self._cancel = cancel
 
     def attempt(self, step: Attempt) -> Any:
-        return self._store.try_grant(
+        return self._store.grants.try_grant(
             self._request,
             step.ticket,
             queue=step.queue,
@@ -191,7 +191,7 @@ class _Steps:
             return self._watch.wait(seconds, idle) or self._cancel.is_set()
         if isinstance(step, ReadVersion):
             lease_id = request.lease_id if step.handed else None
-            return store.watch(
+            return store.queue.watch(
                 request.customer_id,
                 lease_id,
                 step.ahead,
@@ -203,11 +203,11 @@ class _Steps:
         if isinstance(step, TakeUp):
             if step.later and self._take_up_later:
                 return None  # the lease's first renewal takes them up
-            return store.take_up(request, deadline=step.deadline)
+            return store.queue.take_up(request, deadline=step.deadline)
         if isinstance(step, Behind):
             return self._watch.behind()
         if isinstance(step, Judge):
-            return store.could_grant(request, step.ticket, deadline=step.deadline)
+            return store.queue.could_grant(request, step.ticket, deadline=step.deadline)
         if isinstance(step, Place):
             self._watch.queued(step.ticket, step.ahead)
             if step.new and step.ticket is not None:
@@ -245,7 +245,7 @@ class _Steps:
             return True
         alive: set[int] | None = None
         try:
-            alive = store.refresh_waiters(
+            alive = store.queue.refresh_waiters(
                 self._request.customer_id, tickets, deadline=step.deadline
             )
         finally:
@@ -260,7 +260,7 @@ def _leave(
     if ticket is None:
         return
     try:
-        store.leave_queue(request.customer_id, request.lease_id, ticket)
+        store.queue.leave_queue(request.customer_id, request.lease_id, ticket)
     except PathLockError as error:
         log.warning(
             "could not leave the queue (customer %d, ticket %d): %s; %s",

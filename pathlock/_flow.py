@@ -235,7 +235,7 @@ class AcquireFlow:
         # become fewer (see _after).
         self._owner_busy = owner_busy
         # Whether a release may grant this request's paths to it while it is
-        # queued (Store.release): then its checks look for that too.
+        # queued (Releases.release): then its checks look for that too.
         self._handed_over = handed_over
         # Whether a release that hands this request its paths wakes it at
         # once (the database's notice, heard by this process): then it need

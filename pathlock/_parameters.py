@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from pathlock._records import GrantRequest, queued_json
-from pathlock._statements import conflict_parameters
+from pathlock._statements import NO_TICKET, conflict_parameters
 
 
-def grant_parameters(request: GrantRequest) -> dict[str, Any]:
+def grant_parameters(request: GrantRequest, ticket: int | None) -> dict[str, Any]:
+    """The parameters of an attempt's grant (``grant_statement``) and of the
+    reads that say who is in the way; ``ticket``: the request's place in the
+    queue (``None``: not queued)."""
     parameters = conflict_parameters(request.paths, shallow=request.shallow)
     shallow = request.shallow
     for n, (path, mode) in enumerate(request.paths):
@@ -27,6 +30,7 @@ def grant_parameters(request: GrantRequest) -> dict[str, Any]:
         why=request.reason,
         ttl_us=round(request.ttl * 1_000_000),
         l_data=request.data,
+        w_ticket=NO_TICKET if ticket is None else ticket,
     )
     return parameters
 
@@ -72,4 +76,14 @@ def waiter_parameters(request: GrantRequest, waiter_ttl: float) -> dict[str, Any
         # them up: no longer than its queue row would, nor than its lease.
         "w_hand_over_us": round(min(waiter_ttl, request.ttl) * 1_000_000),
         "l_data": request.data,
+    }
+
+
+def take_up_parameters(request: GrantRequest) -> dict[str, Any]:
+    """The parameters of ``TAKE_UP``: the rows handed to ``request`` extended
+    to its ttl."""
+    return {
+        "c_id": request.customer_id,
+        "l_id": request.lease_id,
+        "ttl_us": round(request.ttl * 1_000_000),
     }

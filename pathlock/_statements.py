@@ -650,7 +650,7 @@ def grant_statement(
     the client has stopped waiting (:data:`SET_GRANT_UNTIL`).
 
     ``handed=True``: a release grants the request queued as ``:w_ticket``
-    (see ``Store.release``), which must still be queued and alive: one granted
+    (see ``Releases.release``), which must still be queued and alive: one granted
     or gone since the release read the queue gets nothing.
 
     ``fresh=True``: the request's first transaction, so no row of its lease
@@ -706,7 +706,7 @@ def grant_statement(
     )
     if not fresh:
         # Never twice for one lease: rows a release handed to the request
-        # (Store.release) are taken up, not granted anew beside them (shared
+        # (Releases.release) are taken up, not granted anew beside them (shared
         # ones would not count as a conflict).
         values = values.where(~exists().where(*_own_live_rows()))
     if queued:
@@ -860,7 +860,7 @@ CASE_RULE = select(customer_locks.c.case_insensitive).where(
 # try for themselves.
 BUMP_IF_UNMOVED = BUMP.where(customer_locks.c.version == bindparam("seen", type_=BigInteger))
 # The same, in the query that grants the paths to the request the release
-# expects to be next (Store.release): after DEQUEUE_IF_GRANTED, the version
+# expects to be next (Releases.release): after DEQUEUE_IF_GRANTED, the version
 # moves unless that statement deleted the request's queue row.
 BUMP_UNLESS_HANDED = BUMP.where(Changed() == literal_column("0"))
 # Undoes BUMP within its transaction: the sentinel is still written (the lock
@@ -1052,7 +1052,7 @@ def release_said(said: int) -> tuple[int | None, int | None]:
 
 def _own_live_rows() -> list[ColumnElement[bool]]:
     """The live rows of the request's own lease (``:l_id``): rows a release
-    handed to it (Store.release)."""
+    handed to it (Releases.release)."""
     return [
         path_locks.c.customer_id == bindparam("c_id"),
         path_locks.c.lease_id == bindparam("l_id", type_=String),
@@ -1179,7 +1179,7 @@ ENQUEUE = insert(path_lock_waiters).values(
 @functools.lru_cache(maxsize=128)
 def enqueue_if_blocked(form: Shape) -> Insert:
     """ENQUEUE's row, in the batch of a grant in one round trip (see
-    ``Store.try_grant``), only if that grant was refused because a live row
+    ``Grants.try_grant``), only if that grant was refused because a live row
     of another lease is in the request's way: right after
     ``CLAIM_IF_GRANTED`` (by ``ROW_COUNT()``: it wrote nothing), under the
     customer's case rule, and while the client still waits for the reply
@@ -1278,7 +1278,7 @@ FORGET_REQUEST = delete(path_lock_waiters).where(
     path_lock_waiters.c.lease_id == bindparam("l_id"),
 )
 # The queued requests of one process and customer, kept alive together (see
-# Store.refresh_waiters): by ticket, which is never handed out twice. A row
+# Queue.refresh_waiters): by ticket, which is never handed out twice. A row
 # that lapsed is never revived (others may have gone ahead of it meanwhile:
 # its request queues again with a new ticket). Then which of them are alive.
 REFRESH_WAITERS = (
@@ -1542,7 +1542,7 @@ LIVE_WAITERS = _live_waiters(*WAITER_COLUMNS)
 # How many queued requests a release reads: the head of the queue, to hand its
 # paths to, and whether anyone behind it waited for them.
 HAND_OVER_WAITERS = 16
-# What a release reads of them (see Store.release): a queue row's columns in
+# What a release reads of them (see Releases.release): a queue row's columns in
 # this order, as one JSON array per row (see items()): one column is what an
 # uncontended release reads.
 _QUEUE_COLUMNS = (*WAITER_COLUMNS, path_lock_waiters.c.hand_over_us)
@@ -1599,7 +1599,7 @@ QUEUE_HEAD = (
 # release handed to it, if any, and how long they have left; and, if it was
 # handed rows, the head of the queue as a release reads it (QUEUE_HEAD's
 # first row, or null): the request this one hands the paths to when it
-# releases them, without a round trip to read the queue first (Store.release).
+# releases them, without a round trip to read the queue first (Releases.release).
 # As one JSON array (see items()): every waiter polls this.
 _OWN_TOKEN = OWN_ROWS.scalar_subquery()
 _NEXT_IN_LINE = case(
@@ -1663,7 +1663,7 @@ def watch_statement(*, handed: bool, ahead: bool, held: bool) -> Select[Any]:
 
 
 # The checks of several waiting requests of one process, in one read
-# (Store.watch, pathlock._polls): the version, and where a release handed rows
+# (Queue.watch, pathlock._polls): the version, and where a release handed rows
 # to one of the leases ``:own``, the head of the queue (as WATCH reads it);
 # the live leases among ``:leases`` (their own, and those in their way), each
 # with the fencing token of its rows and how long they have left; the

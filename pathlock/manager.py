@@ -2,9 +2,9 @@
 
 A request flows one way: ``CustomerLocks.lock_paths`` -> ``paths`` normalize ->
 :func:`pathlock._acquire.acquire`, which runs the steps of
-:class:`pathlock._flow.AcquireFlow`: loop {``Store.try_grant`` -> granted: a
+:class:`pathlock._flow.AcquireFlow`: loop {``Grants.try_grant`` -> granted: a
 :class:`Lease`; blocked: queued, then watch the customer's version until an
-attempt can succeed} -> ``Lease.release`` -> ``Store.release`` (wakes this
+attempt can succeed} -> ``Lease.release`` -> ``Releases.release`` (wakes this
 process's waiters of the same customer).
 """
 
@@ -649,7 +649,7 @@ class PathLockManager:
                 log.warning("nothing released: no lease %s%s", lease_id, who)
                 return 0
             try:
-                deleted = self._store.release(customer_id, lease_id)
+                deleted = self._store.releases.release(customer_id, lease_id)
             finally:
                 self._wakeups.notify(customer_id)
         if deleted is None:  # a retry found the rows gone: the first attempt took them
@@ -960,7 +960,7 @@ class PathLockManager:
                 _check_detached(rows[0][0], "renewed")
             if not live:
                 raise LeaseLost(lease_id, "it expired" if rows else "no such lease")
-            held, _ = self._store.renew([(customer_id, lease_id, len(live))], ttl)
+            held, _ = self._store.renewals.renew([(customer_id, lease_id, len(live))], ttl)
             self._events.renewed(
                 events.Renewed(
                     len(held), 1 - len(held), time.monotonic() - started, background=False
@@ -986,7 +986,7 @@ class PathLockManager:
             _check_detached(first, "released")
             paths = tuple((row.path, row.mode) for row, _ in rows)
             try:
-                deleted = self._store.release(customer_id, lease_id, paths=paths)
+                deleted = self._store.releases.release(customer_id, lease_id, paths=paths)
             except BaseException:
                 # Failed or interrupted, its DELETE may or may not have
                 # landed: the rows go from the background, soon (as an
@@ -1187,7 +1187,7 @@ class PathLockManager:
 
     def _settle_release(self, customer_id: int, lease_id: str) -> None:
         try:
-            self._store.forget(customer_id, lease_id)
+            self._store.queue.forget(customer_id, lease_id)
         finally:
             self._wakeups.notify(customer_id)
 
@@ -1214,7 +1214,7 @@ class PathLockManager:
             groups.setdefault(key, []).append(lease)
         for (ttl, _home), group in groups.items():
             started = self._settings.clock.now()
-            held, skipped = store.renew(_renewal_rows(group), ttl, wait=not heartbeat)
+            held, skipped = store.renewals.renew(_renewal_rows(group), ttl, wait=not heartbeat)
             self._tell_renewed(
                 group, held, skipped, self._settings.clock.now() - started, heartbeat
             )
@@ -1257,7 +1257,7 @@ class PathLockManager:
         for lease in leases:
             lease.renewals.sent_at = started
         deadline = time.monotonic() + max(0.0, min(lease.lost_at for lease in leases) - started)
-        held, _ = self._renewals.renew(
+        held, _ = self._renewals.renewals.renew(
             _renewal_rows(leases), leases[0].ttl, wait=True, deadline=deadline
         )
         self._tell_renewed(leases, held, (), self._settings.clock.now() - started, True)
@@ -1303,14 +1303,18 @@ class PathLockManager:
 
     def _verify(self, lease: Lease) -> bool:
         with self._call("verify a lease"):
-            return self._store.lease_alive(lease.customer_id, lease.lease_id, len(lease.paths))
+            return self._store.renewals.lease_alive(
+                lease.customer_id, lease.lease_id, len(lease.paths)
+            )
 
     def _release(self, lease: Lease) -> int | None:
         with self._calls.running():
             with self._leases_lock:
                 self._leases.pop(lease.lease_id, None)
             try:
-                return self._store.release(lease.customer_id, lease.lease_id, paths=lease.paths)
+                return self._store.releases.release(
+                    lease.customer_id, lease.lease_id, paths=lease.paths
+                )
             except BackendError:
                 # Its rows stay until they expire. A request of the same owner
                 # that they block waits for that instead of failing as a
@@ -1358,7 +1362,7 @@ class PathLockManager:
                         del self._leases[lease.lease_id]
                 for lease in mine:
                     _take_away(lease)
-                released = self._store.release_owner(customer_id, owner)
+                released = self._store.releases.release_owner(customer_id, owner)
             except BaseException:
                 # Failed or interrupted: the rows may stay. They make the
                 # owner wait, and are deleted by lease id, soon.

@@ -25,7 +25,6 @@ from sqlalchemy import Connection, Engine, delete, insert, select
 from pathlock._parameters import grant_parameters
 from pathlock._records import GrantRequest
 from pathlock._statements import (
-    NO_TICKET,
     blockers_query,
     conflict_parameters,
     grant_statement,
@@ -143,8 +142,8 @@ def test_both_forms_find_exactly_the_conflicts(
                 customer_id, secrets.token_hex(16), paths, _OWNER, "", 30.0, shallow=shallow
             )
             for form in _forms(paths, shallow):
-                parameters = grant_parameters(request) | conflict_parameters(paths, form, shallow)
-                parameters["w_ticket"] = NO_TICKET
+                parameters = grant_parameters(request, None)
+                parameters |= conflict_parameters(paths, form, shallow)
                 found = {
                     (row.path, row.mode, bool(row.shallow))
                     for row in connection.execute(blockers_query(form), parameters)

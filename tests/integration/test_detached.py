@@ -351,7 +351,7 @@ def test_a_release_by_id_interrupted_still_releases_soon(
     DELETE landed is unknown, and the lease would otherwise stay until its
     timeout, an hour here. The manager deletes its rows from the background
     within seconds."""
-    from pathlock._store import Store  # noqa: PLC0415 - the seam interrupted
+    from pathlock._releasing import Releases  # noqa: PLC0415 - the seam interrupted
 
     with PathLockManager(database_url, heartbeat=False) as manager:
         locks = manager.for_customer(customer_id)
@@ -360,7 +360,7 @@ def test_a_release_by_id_interrupted_still_releases_soon(
         def interrupted(*_args: object, **_kwargs: object) -> None:
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(Store, "release", interrupted)
+        monkeypatch.setattr(Releases, "release", interrupted)
         with pytest.raises(KeyboardInterrupt):
             locks.release_detached(lease.lease_id)
         monkeypatch.undo()

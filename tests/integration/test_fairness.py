@@ -397,7 +397,7 @@ def test_rows_of_a_failed_release_close_no_cycle(
         raise BackendError("releasing a lease", RuntimeError("the database refused"))
 
     with monkeypatch.context() as patched:
-        patched.setattr(manager._store, "release", refused)
+        patched.setattr(manager._store.releases, "release", refused)
         mine.release()  # logged; its rows expire within 3 s
     other = _start(requests, Request(locks, "/y", first=("/x",), name="A"))
     _queued(locks, 1)
@@ -636,7 +636,7 @@ def test_where_releases_do_not_hand_over_waiters_behind_others_judge_once_they_l
     ]
     managers = [PathLockManager(engine, settings=settings, heartbeat=False) for engine in engines]
     judged: list[float] = []
-    third = managers[3]._store
+    third = managers[3]._store.queue
     could_grant = third.could_grant
 
     def counted(*args: Any, **kwargs: Any) -> Any:

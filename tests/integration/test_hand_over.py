@@ -26,9 +26,11 @@ import pytest
 from sqlalchemy import text
 
 from pathlock import Lease, Owner, PathLockManager, Settings
+from pathlock import _handing_over as handing_over
+from pathlock._handing_over import HandOver, QueueHead
 from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest
 from pathlock._statements import HAND_OVER_WAITERS
-from pathlock._store import Store, _Queue
+from pathlock._store import Store
 from pathlock.paths import normalize_request
 from pathlock.types import PathMode
 from tests.integration.commit_faults import CommitFaults
@@ -54,16 +56,22 @@ def _rows(manager: PathLockManager, customer_id: int) -> list[Any]:
         )
 
 
-def _calls(store: Store, name: str) -> list[object]:
-    """The calls of ``store``'s method ``name`` from now on (it still runs)."""
+def _calls(
+    target: object, name: str, monkeypatch: pytest.MonkeyPatch | None = None
+) -> list[object]:
+    """The calls of ``target``'s function ``name`` from now on (it still runs;
+    patched by ``monkeypatch`` where the target outlives the test)."""
     calls: list[object] = []
-    method = getattr(store, name)
+    method = getattr(target, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(args)
         return method(*args, **kwargs)
 
-    setattr(store, name, counted)
+    if monkeypatch is None:
+        setattr(target, name, counted)
+    else:
+        monkeypatch.setattr(target, name, counted)
     return calls
 
 
@@ -87,9 +95,9 @@ def _release_path(manager: PathLockManager, customer_id: int, seen_queue: bool) 
     a queue, or hand over in a transaction of its own after it."""
     store: Store = manager._store
     if seen_queue:
-        store._seen_queued(customer_id)
+        store.hints.seen_queued(customer_id)
     else:
-        store._queued.pop(customer_id, None)
+        store.hints._queued.pop(customer_id, None)
 
 
 def _queued(manager: PathLockManager, customer_id: int, count: int, seconds: float = 10.0) -> None:
@@ -121,7 +129,7 @@ def _queue(
         "",
         30.0,
     )
-    blocked = store.try_grant(request, None, queue=True, patience=time.monotonic() + 5)
+    blocked = store.grants.try_grant(request, None, queue=True, patience=time.monotonic() + 5)
     assert isinstance(blocked, Blocked)
     assert blocked.ticket is not None
     return request, blocked.ticket
@@ -158,7 +166,7 @@ def test_a_release_hands_the_path_to_the_first_in_line(mariadb_url: str, custome
         PathLockManager(mariadb_url, heartbeat=False, ttl=60.0) as second,
     ):
         lease = holder.for_customer(customer_id).lock_paths("/a")
-        attempts = _calls(first._store, "try_grant")
+        attempts = _calls(first._store.grants, "try_grant")
         with _waiting(first, customer_id, "/a/b", timeout=10) as got:
             _queued(holder, customer_id, 1)
             with _waiting(second, customer_id, "/a", timeout=10) as later:
@@ -228,7 +236,7 @@ def test_a_hand_over_to_a_request_that_left_the_queue_grants_nothing(
         lease.release()
         version = _version(manager, customer_id)
         store: Store = manager._store
-        store._hand_over(customer_id, None, _Queue(version, [head], 2_000_000), None)
+        store.hand_over.hand_over(customer_id, None, QueueHead(version, [head], 2_000_000), None)
         assert _rows(manager, customer_id) == []
         assert _version(manager, customer_id) == version + 1
         again = locks.lock_paths("/a", owner="gone", timeout=1)
@@ -294,7 +302,7 @@ def test_a_hand_over_the_server_refuses_still_releases(
             _queued(holder, customer_id, 1)
             _release_path(holder, customer_id, seen_queue=True)
             version = _version(holder, customer_id)
-            monkeypatch.setattr(Store, "_handing_to", lambda *_args: refused)
+            monkeypatch.setattr(HandOver, "handing_to", lambda *_args: refused)
             lease.release()
             monkeypatch.undo()
             assert lease.released
@@ -308,7 +316,7 @@ def test_a_hand_over_the_server_refuses_still_releases(
 
 @RELEASES
 def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
-    mariadb_url: str, customer_id: int, seen_queue: bool
+    mariadb_url: str, customer_id: int, seen_queue: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The head of the queue waited for the released path and for one still
     held: the hand-over grants nothing and moves the version (in a hand-over
@@ -324,9 +332,9 @@ def test_a_release_that_cannot_hand_over_moves_the_version_it_read(
         store: Store = manager._store
         request, _ticket = _queue(store, customer_id, normalize_request(["/a", "/b"], []))
         _release_path(manager, customer_id, seen_queue)
-        handed = _calls(store, "_heir")
+        handed = _calls(handing_over, "heir", monkeypatch)
         version = _version(manager, customer_id)
-        store.release(customer_id, lease.lease_id, paths=lease.paths)
+        store.releases.release(customer_id, lease.lease_id, paths=lease.paths)
         ((released, waiters, term_us),) = handed
         assert released == lease.paths
         assert [info.lease_id for info in waiters] == [request.lease_id]
@@ -369,9 +377,9 @@ def test_a_request_that_leaves_the_queue_as_it_is_handed_the_paths_leaves_nothin
         lease = locks.lock_paths("/a")
         store: Store = manager._store
         request, ticket = _queue(store, customer_id, normalize_request(["/a"], []))
-        store.release(customer_id, lease.lease_id, paths=lease.paths)
+        store.releases.release(customer_id, lease.lease_id, paths=lease.paths)
         assert [row.lease_id for row in _rows(manager, customer_id)] == [request.lease_id]
-        store.leave_queue(customer_id, request.lease_id, ticket)
+        store.queue.leave_queue(customer_id, request.lease_id, ticket)
         assert _rows(manager, customer_id) == []
         assert manager.list_waiters(customer_id) == []
 
@@ -387,7 +395,7 @@ def test_requests_queued_by_an_older_pathlock_are_not_handed_paths(
         PathLockManager(mariadb_url, heartbeat=False) as waiter,
     ):
         lease = holder.for_customer(customer_id).lock_paths("/a")
-        handed = _calls(waiter._store, "take_up")
+        handed = _calls(waiter._store.queue, "take_up")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
             _queued(holder, customer_id, 1)
             _as_if_queued_by_an_older_pathlock(holder, customer_id)
@@ -410,9 +418,9 @@ def test_a_hand_over_whose_commit_reply_is_lost_reaches_the_waiter(
     """The hand-over's COMMIT lands and its reply is lost: the release does not
     fail, and the waiter finds the paths handed to it."""
     faults = CommitFaults(monkeypatch)
-    grant_head = Store._grant_head
+    grant_head = HandOver._grant_head
 
-    def lossy(self: Store, *args: Any, **kwargs: Any) -> None:
+    def lossy(self: HandOver, *args: Any, **kwargs: Any) -> None:
         faults.lose_reply()
         grant_head(self, *args, **kwargs)
 
@@ -424,9 +432,9 @@ def test_a_hand_over_whose_commit_reply_is_lost_reaches_the_waiter(
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
             _queued(holder, customer_id, 1)
             _release_path(holder, customer_id, seen_queue)
-            monkeypatch.setattr(Store, "_grant_head", lossy)
+            monkeypatch.setattr(HandOver, "_grant_head", lossy)
             lease.release()
-            monkeypatch.setattr(Store, "_grant_head", grant_head)
+            monkeypatch.setattr(HandOver, "_grant_head", grant_head)
             _wait_until(lambda: "lease" in got or "error" in got, 5.0)
         granted: Lease = got["lease"]
         assert lease.released
@@ -574,11 +582,11 @@ def test_an_attempt_of_a_request_handed_shared_paths_takes_them_up_once(
         lease = locks.lock_paths("/a")
         store: Store = manager._store
         request, _ticket = _queue(store, customer_id, normalize_request([], ["/a/b"]))
-        store.release(customer_id, lease.lease_id, paths=lease.paths)
+        store.releases.release(customer_id, lease.lease_id, paths=lease.paths)
         (handed,) = _rows(manager, customer_id)
         assert handed.lease_id == request.lease_id
         assert handed.left_s <= 5.0
-        again = store.try_grant(request, None, queue=True, patience=time.monotonic() + 5)
+        again = store.grants.try_grant(request, None, queue=True, patience=time.monotonic() + 5)
         assert again == Granted(handed.fencing_token)
         (row,) = _rows(manager, customer_id)
         assert (row.lease_id, row.path, row.fencing_token) == (
@@ -587,8 +595,8 @@ def test_an_attempt_of_a_request_handed_shared_paths_takes_them_up_once(
             handed.fencing_token,
         )
         assert row.left_s > 25  # taken up for its ttl
-        assert store.could_grant(request, None).free  # a check says: take them up
-        store.release(customer_id, request.lease_id, paths=request.paths)
+        assert store.queue.could_grant(request, None).free  # a check says: take them up
+        store.releases.release(customer_id, request.lease_id, paths=request.paths)
         assert _rows(manager, customer_id) == []
 
 
@@ -603,13 +611,13 @@ def test_only_a_requests_first_attempt_skips_the_look_for_its_own_rows(
         PathLockManager(mariadb_url, heartbeat=False) as waiter,
     ):
         firsts: list[bool] = []
-        try_grant = waiter._store.try_grant
+        try_grant = waiter._store.grants.try_grant
 
         def spied(*args: Any, **kwargs: Any) -> Any:
             firsts.append(kwargs["first"])
             return try_grant(*args, **kwargs)
 
-        waiter._store.try_grant = spied  # type: ignore[method-assign]
+        waiter._store.grants.try_grant = spied  # type: ignore[method-assign]
         lease = holder.for_customer(customer_id).lock_paths("/a")
         with _waiting(waiter, customer_id, "/a", timeout=10) as got:
             _queued(holder, customer_id, 1)
@@ -637,7 +645,7 @@ def _handed_with_one_behind(
     first, _ = _queue(store, customer_id, normalize_request(["/a"], []))
     second, ticket = _queue(store, customer_id, behind)
     lease.release()
-    watched = store.watch(customer_id, first.lease_id, ())
+    watched = store.queue.watch(customer_id, first.lease_id, ())
     assert watched.handed == lease.fencing_token + 1
     return first, second, ticket
 
@@ -654,7 +662,7 @@ def test_a_lease_handed_its_paths_hands_them_on_in_its_release(
         first, second, _ticket = _handed_with_one_behind(manager, customer_id)
         version = _version(manager, customer_id)
         with sent(monkeypatch) as commands:
-            assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+            assert store.releases.release(customer_id, first.lease_id, paths=first.paths) == 1
         assert [_statements(command) for command in commands] == [
             [
                 *("SET", "UPDATE", "DELETE", "UPDATE"),  # the release, counted
@@ -667,7 +675,7 @@ def test_a_lease_handed_its_paths_hands_them_on_in_its_release(
         assert 0 < row.left_s <= WAITER_TTL
         assert _version(manager, customer_id) == version + 1
         assert manager.list_waiters(customer_id) == []
-        store.release(customer_id, second.lease_id)
+        store.releases.release(customer_id, second.lease_id)
 
 
 @RELEASES
@@ -689,7 +697,7 @@ def test_a_release_hands_nothing_to_a_head_of_a_long_queue_that_waits_for_other_
         _release_path(manager, customer_id, seen_queue)
         version = _version(manager, customer_id)
         with sent(monkeypatch) as commands:
-            assert store.release(customer_id, lease.lease_id, paths=lease.paths) == 1
+            assert store.releases.release(customer_id, lease.lease_id, paths=lease.paths) == 1
         assert not any("INSERT" in _statements(command) for command in commands), commands
         assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
         assert _version(manager, customer_id) == version + 1
@@ -715,7 +723,7 @@ def test_a_lease_handed_its_paths_whose_next_in_line_waits_for_others_reads_firs
         _release_path(manager, customer_id, seen_queue=True)
         version = _version(manager, customer_id)
         with sent(monkeypatch) as commands:
-            assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+            assert store.releases.release(customer_id, first.lease_id, paths=first.paths) == 1
         assert _statements(commands[0]) == ["SELECT", "ROLLBACK"], commands
         assert len(commands) == 2, commands
         assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
@@ -751,17 +759,17 @@ def test_a_check_whose_reads_straddle_the_hand_over_hands_on_to_the_next_in_line
         insert = f"INSERT INTO path_lock_waiters ({columns}) VALUES ({values})"
         with manager.engine.begin() as connection:
             connection.execute(text(insert), queued._asdict())
-        outlook = store.could_grant(first, ticket)
+        outlook = store.queue.could_grant(first, ticket)
         assert outlook.handed == lease.fencing_token + 1
         with manager.engine.begin() as connection:
             connection.execute(
                 text("DELETE FROM path_lock_waiters WHERE ticket = :t"), {"t": ticket}
             )
         version = _version(manager, customer_id)
-        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert store.releases.release(customer_id, first.lease_id, paths=first.paths) == 1
         (row,) = _rows(manager, customer_id)
         assert (row.lease_id, row.fencing_token) == (second.lease_id, version + 1)
-        store.release(customer_id, second.lease_id)
+        store.releases.release(customer_id, second.lease_id)
 
 
 def test_a_hand_on_to_a_request_that_left_the_queue_moves_the_version(
@@ -774,9 +782,9 @@ def test_a_hand_on_to_a_request_that_left_the_queue_moves_the_version(
         store: Store = manager._store
         first, second, ticket = _handed_with_one_behind(manager, customer_id)
         third, _ = _queue(store, customer_id, normalize_request(["/a"], []), owner="third")
-        store.leave_queue(customer_id, second.lease_id, ticket)
+        store.queue.leave_queue(customer_id, second.lease_id, ticket)
         version = _version(manager, customer_id)
-        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert store.releases.release(customer_id, first.lease_id, paths=first.paths) == 1
         assert _rows(manager, customer_id) == []
         assert _version(manager, customer_id) == version + 1
         assert [info.lease_id for info in manager.list_waiters(customer_id)] == [third.lease_id]
@@ -794,7 +802,7 @@ def test_a_hand_on_to_a_request_still_blocked_moves_the_version(
         )
         store: Store = manager._store
         version = _version(manager, customer_id)
-        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        assert store.releases.release(customer_id, first.lease_id, paths=first.paths) == 1
         assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
         assert _version(manager, customer_id) == version + 1
         assert [info.lease_id for info in manager.list_waiters(customer_id)] == [second.lease_id]
@@ -813,10 +821,10 @@ def test_a_hand_on_whose_commit_reply_is_lost_lands(
         version = _version(manager, customer_id)
         faults.lose_reply()
         # The retry finds the rows gone: the first attempt may have deleted them.
-        assert store.release(customer_id, first.lease_id, paths=first.paths) is None
+        assert store.releases.release(customer_id, first.lease_id, paths=first.paths) is None
         (row,) = _rows(manager, customer_id)
         assert (row.lease_id, row.fencing_token) == (second.lease_id, version + 1)
-        store.release(customer_id, second.lease_id)
+        store.releases.release(customer_id, second.lease_id)
 
 
 def _request(customer_id: int, path: str, owner: str) -> GrantRequest:
@@ -835,13 +843,15 @@ def _handed_on(manager: PathLockManager, customer_id: int) -> GrantRequest:
     one behind it, which holds it now (returned)."""
     store: Store = manager._store
     first, second, _ticket = _handed_with_one_behind(manager, customer_id)
-    store.release(customer_id, first.lease_id, paths=first.paths)
+    store.releases.release(customer_id, first.lease_id, paths=first.paths)
     assert [row.lease_id for row in _rows(manager, customer_id)] == [second.lease_id]
     return second
 
 
 def _attempt(store: Store, request: GrantRequest) -> Granted | Blocked | Deadlocked:
-    return store.try_grant(request, None, queue=True, patience=time.monotonic() + 5, first=True)
+    return store.grants.try_grant(
+        request, None, queue=True, patience=time.monotonic() + 5, first=True
+    )
 
 
 def test_a_request_after_a_hand_on_is_queued_in_one_round_trip(
@@ -874,8 +884,8 @@ def test_a_request_after_a_hand_on_is_queued_in_one_round_trip(
         (waiting,) = manager.list_waiters(customer_id)
         assert (waiting.lease_id, waiting.ticket) == (again.lease_id, blocked.ticket)
         assert _version(manager, customer_id) == version
-        store.leave_queue(customer_id, again.lease_id, blocked.ticket)
-        store.release(customer_id, holder.lease_id)
+        store.queue.leave_queue(customer_id, again.lease_id, blocked.ticket)
+        store.releases.release(customer_id, holder.lease_id)
 
 
 def test_a_request_after_a_hand_on_of_a_path_free_again_is_granted_in_one_round_trip(
@@ -884,7 +894,7 @@ def test_a_request_after_a_hand_on_of_a_path_free_again_is_granted_in_one_round_
     with PathLockManager(mariadb_url, heartbeat=False) as manager:
         store: Store = manager._store
         holder = _handed_on(manager, customer_id)
-        store.release(customer_id, holder.lease_id)
+        store.releases.release(customer_id, holder.lease_id)
         again = _request(customer_id, "/a", "again")
         with sent(monkeypatch) as commands:
             granted = _attempt(store, again)
@@ -893,7 +903,7 @@ def test_a_request_after_a_hand_on_of_a_path_free_again_is_granted_in_one_round_
         assert granted.fencing_token == _version(manager, customer_id)
         assert [row.lease_id for row in _rows(manager, customer_id)] == [again.lease_id]
         assert manager.list_waiters(customer_id) == []
-        store.release(customer_id, again.lease_id)
+        store.releases.release(customer_id, again.lease_id)
 
 
 def test_a_request_after_a_hand_on_that_waits_only_for_the_queue_is_judged_as_ever(
@@ -910,7 +920,7 @@ def test_a_request_after_a_hand_on_that_waits_only_for_the_queue_is_judged_as_ev
         older, older_ticket = _queue(
             store, customer_id, normalize_request(["/a", "/b"], []), owner="older"
         )
-        store.release(customer_id, holder.lease_id)
+        store.releases.release(customer_id, holder.lease_id)
         assert [row.lease_id for row in _rows(manager, customer_id)] == [other.lease_id]
         again = _request(customer_id, "/a", "again")
         blocked = _attempt(store, again)
@@ -921,8 +931,8 @@ def test_a_request_after_a_hand_on_that_waits_only_for_the_queue_is_judged_as_ev
             older.lease_id,
             again.lease_id,
         ]
-        store.leave_queue(customer_id, again.lease_id, blocked.ticket)
-        store.leave_queue(customer_id, older.lease_id, older_ticket)
+        store.queue.leave_queue(customer_id, again.lease_id, blocked.ticket)
+        store.queue.leave_queue(customer_id, older.lease_id, older_ticket)
         other.release()
 
 
@@ -942,7 +952,7 @@ def test_a_request_after_a_hand_on_that_would_wait_for_its_own_owner_leaves_the_
         assert [info.lease_id for info in outcome.held_by] == [holder.lease_id]
         assert manager.list_waiters(customer_id) == []
         assert _version(manager, customer_id) == version + 1
-        store.release(customer_id, holder.lease_id)
+        store.releases.release(customer_id, holder.lease_id)
 
 
 def test_a_hand_on_the_server_refuses_still_releases(
@@ -960,11 +970,11 @@ def test_a_hand_on_the_server_refuses_still_releases(
         first, second, ticket = _handed_with_one_behind(manager, customer_id)
         version = _version(manager, customer_id)
         refused = [(text("SELECT * FROM pathlock_no_such_table"), {})]
-        monkeypatch.setattr(Store, "_handing_to", lambda *_args: refused)
-        assert store.release(customer_id, first.lease_id, paths=first.paths) == 1
+        monkeypatch.setattr(HandOver, "handing_to", lambda *_args: refused)
+        assert store.releases.release(customer_id, first.lease_id, paths=first.paths) == 1
         monkeypatch.undo()
         assert "could not hand customer" in caplog.text
         assert _rows(manager, customer_id) == []
         assert _version(manager, customer_id) == version + 1
         assert [info.ticket for info in manager.list_waiters(customer_id)] == [ticket]
-        store.leave_queue(customer_id, second.lease_id, ticket)
+        store.queue.leave_queue(customer_id, second.lease_id, ticket)

@@ -154,14 +154,14 @@ class _Counting:
         self.attempts = 0
         self._lock = threading.Lock()
         store = manager._store
-        attempt = store.try_grant
+        attempt = store.grants.try_grant
 
         def counted(*args: object, **kwargs: object) -> object:
             with self._lock:
                 self.attempts += 1
             return attempt(*args, **kwargs)  # type: ignore[arg-type]
 
-        store.try_grant = counted  # type: ignore[assignment,method-assign]
+        store.grants.try_grant = counted  # type: ignore[assignment,method-assign]
 
 
 WAITERS = 120

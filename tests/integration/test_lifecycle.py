@@ -332,7 +332,7 @@ def test_a_child_forked_while_a_thread_read_for_the_waiters_can_wait(
 ) -> None:
     # The waiting threads of a process read their customer together: a read
     # under way in the parent, and the lock of those reads held, at the fork.
-    polls = used_manager._store._polls
+    polls = used_manager._store.queue._polls
     polls._reading[customer_id] = _polls._Reading(time.monotonic(), [])
     locks = used_manager.for_customer(customer_id)
     holder = locks.lock_paths("/Shared/a")
@@ -441,7 +441,7 @@ def test_the_rows_of_an_interrupted_release_make_their_owner_wait(
 
     monkeypatch.setattr(manager._in_doubt, "settle_soon", lambda: None)
     with monkeypatch.context() as patch:
-        patch.setattr(manager._store, "release", interrupted)
+        patch.setattr(manager._store.releases, "release", interrupted)
         with pytest.raises(KeyboardInterrupt):
             lease.release()
     assert _count(raw_engine, customer_id) == (1, 0)

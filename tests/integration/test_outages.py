@@ -33,7 +33,7 @@ from pathlock import (
     PathLockManager,
     Settings,
 )
-from pathlock._store import Store
+from pathlock._queue import Queue
 from servers import private_mariadb
 from tests.integration.commit_faults import CommitFaults
 from tests.integration.conftest import PRIVATE_DATABASE
@@ -210,16 +210,16 @@ def test_a_queue_row_left_behind_by_a_timeout_is_deleted_soon(
     left to lapse (``waiter_ttl``), and every request queued behind it waited
     that long; now it is deleted from the background within about a second."""
     settings = Settings(waiter_ttl=60.0)
-    leave_queue = Store.leave_queue
+    leave_queue = Queue.leave_queue
 
     def no_answer(*_args: Any, **_kwargs: Any) -> None:
-        monkeypatch.setattr(Store, "leave_queue", leave_queue)  # once
+        monkeypatch.setattr(Queue, "leave_queue", leave_queue)  # once
         raise DatabaseTimeout("leaving the queue", TimeoutError(), "no answer within 0.5 s")
 
     with PathLockManager(database_url, heartbeat=False, settings=settings) as manager:
         locks = manager.for_customer(customer_id)
         holder = locks.lock_paths("/a", owner="holder")
-        monkeypatch.setattr(Store, "leave_queue", no_answer)
+        monkeypatch.setattr(Queue, "leave_queue", no_answer)
         with caplog.at_level(logging.WARNING, "pathlock"), pytest.raises(LockTimeout):
             locks.lock_paths("/a/b", timeout=0.2, owner="waiter")
         assert "deleting the row later" in caplog.text

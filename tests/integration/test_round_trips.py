@@ -249,7 +249,7 @@ def test_a_grant_that_waited_past_its_time_for_the_sentinel_lands_nothing(
             )
             started = time.monotonic()
             with pytest.raises(DatabaseTimeout):
-                manager._store.try_grant(
+                manager._store.grants.try_grant(
                     request, None, queue=False, patience=started + 0.5, deadline=started + 0.5
                 )
             holder.commit()  # the row is free: the server goes on with the query

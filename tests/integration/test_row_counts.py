@@ -319,7 +319,7 @@ def test_grants_killed_at_random_moments_of_their_round_trip_leave_exact_counts(
             )
             leases.append(request.lease_id)
             with manager.engine.connect() as connection, pytest.raises(_Sent):
-                store._grant_in_one(connection, request, None, first=True)
+                store.grants._grant_in_one(connection, request, None, first=True)
         monkeypatch.undo()
         url = make_url(mariadb_url)
         control = manager.engine.raw_connection()
@@ -347,7 +347,7 @@ def test_grants_killed_at_random_moments_of_their_round_trip_leave_exact_counts(
                     cursor.execute(f"KILL CONNECTION {session:d}")
                 time.sleep(0.002)
             # The request is in doubt: its manager deletes its rows by lease.
-            store.forget(customer_id, lease_id)
+            store.queue.forget(customer_id, lease_id)
             with engine.connect() as connection:
                 assert miscounted(connection, [customer_id], exact=True) == []
         control.close()

@@ -64,9 +64,9 @@ def _waiting_behind(
 
 def _answered_alike(manager: PathLockManager, customer_id: int, asks: list[Ask]) -> list[Watched]:
     """The answers of one read to ``asks``, checked against a read each."""
-    store = manager._store
-    many = store._watch(customer_id, asks, None)
-    alone = [store._watch(customer_id, [ask], None)[0] for ask in asks]
+    queue = manager._store.queue
+    many = queue._watch(customer_id, asks, None)
+    alone = [queue._watch(customer_id, [ask], None)[0] for ask in asks]
     for answer, own in zip(many, alone, strict=True):
         _same(answer, own)
     return many
@@ -157,7 +157,7 @@ def test_threads_waiting_on_one_customer_are_served_in_order(
 def _counting_reads(manager: AsyncPathLockManager) -> list[int]:
     """The number of checks each read of the manager's shared checks answers,
     as they are made."""
-    polls = manager._core._store._polls
+    polls = manager._core._store.queue._polls
     read, sizes = polls._read, []
 
     def counted(customer_id: int, asks: Sequence[Ask], deadline: float | None) -> list[Watched]:

@@ -121,7 +121,7 @@ def test_grants_and_conflict_queries_expand_as_sqlalchemy_expands_them(
                 [prefix + path for path in exclusive], [prefix + path for path in shared]
             )
             request = GrantRequest(7, "f" * 32, paths, owner, "why", 30.0)
-            values = grant_parameters(request) | {"w_ticket": NO_TICKET, "c_case": False}
+            values = grant_parameters(request, None) | {"c_case": False}
             form = shape(paths)
             for statement in (
                 grant_statement(form, queued=queued),
@@ -164,7 +164,7 @@ def test_a_batch_composes_as_its_statements_one_by_one(dialect: Dialect) -> None
                 [prefix + path for path in exclusive], [prefix + path for path in shared]
             )
             request = GrantRequest(7, "f" * 32, paths, owner, prefix, 30.0)
-            values = grant_parameters(request) | {"w_ticket": ticket, "c_case": False}
+            values = grant_parameters(request, ticket) | {"c_case": False}
             form = shape(paths)
             steps: list[tuple[Executable, dict[str, Any]]] = [
                 (statements.SET_GRANT_UNTIL, {"until_us": len(prefix)}),

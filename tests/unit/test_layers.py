@@ -124,6 +124,7 @@ def test_a_circle_would_be_found() -> None:
 DECISIONS = (
     "pathlock._flow",
     "pathlock._fairness",
+    "pathlock._hints",
     "pathlock._records",
     "pathlock._heartbeat",
     "pathlock.paths",

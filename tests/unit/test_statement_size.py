@@ -27,7 +27,6 @@ from pathlock._records import GrantRequest, lease_data
 from pathlock._statements import (
     BUMP,
     ENQUEUE,
-    NO_TICKET,
     _integer_rows,
     blockers_query,
     grant_statement,
@@ -82,7 +81,7 @@ def _request(
 def _sizes(request: GrantRequest) -> dict[str, int]:
     """Bytes of every statement the request sends: the grant with the
     sentinel write before it (one packet), the blockers query, the enqueue."""
-    parameters = grant_parameters(request) | {"w_ticket": NO_TICKET}
+    parameters = grant_parameters(request, None)
     grant = grant_statement(shape(request.paths, request.shallow), queued=True)
     return {
         "grant": _sent(BUMP, {"c_id": request.customer_id}) + _sent(grant, parameters),
