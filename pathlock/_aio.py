@@ -563,7 +563,7 @@ def watch_connects(engine: Engine, runner: LoopRunner) -> None:
 
 def watch_commits(engine: Engine) -> None:
     """Mark the attempt's limit while a COMMIT of ``engine`` is on its way,
-    as :class:`pathlock._deadlines.BoundedConnection` does for PyMySQL: an
+    as :class:`pathlock.dialects._pymysql.BoundedConnection` does for PyMySQL: an
     attempt cut short then is known to be in doubt. The mark is cleared when
     the connection's next transaction begins (the COMMIT was answered)."""
 

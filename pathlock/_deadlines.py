@@ -1,5 +1,4 @@
-"""How long a database call may still take, and the PyMySQL connection that
-keeps to it.
+"""How long a database call may still take.
 
 A caller's ``timeout=`` bounds its whole call: connecting, every statement,
 the retries and the sleeps between them. :mod:`pathlock._transactions` runs
@@ -14,14 +13,12 @@ raised between any two bytecodes cannot leave it in force afterwards, as it
 could between a ``ContextVar.set()`` and the ``try`` that resets it. One limit
 left over that way made every later call of the thread fail at once.
 
-PyMySQL reads its socket timeouts from attributes of the connection object
-before every packet it sends or reads, and its connect timeout before it
-connects. :class:`BoundedConnection` answers those reads with the time left
-(never more than the configured timeout), so a server that hangs, a host
-that never answers, or a row lock held by a client that froze mid-transaction
-costs an attempt no more than its limit, at no cost in round trips. A socket
-timeout drops the connection (PyMySQL closes it; SQLAlchemy invalidates it),
-so it never goes back to the pool.
+Each dialect's connections keep to the limit in their driver's own way
+(PyMySQL's: :class:`pathlock.dialects._pymysql.BoundedConnection`; psycopg's:
+:mod:`pathlock.dialects._psycopg`; SQLite's busy wait:
+:mod:`pathlock.dialects.sqlite`), reading :func:`time_left`, so a server that
+hangs, a host that never answers, or a row lock held by a client that froze
+mid-transaction costs an attempt no more than its limit.
 
 The wait for a connection of a full pool keeps to the same limit
 (:func:`bounded_pool`): threads stuck in transactions on a frozen
@@ -31,7 +28,6 @@ customer's row must not make every other call wait the pool's own timeout.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -39,7 +35,6 @@ from contextvars import ContextVar, copy_context
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import pymysql.connections
 from sqlalchemy.pool import AsyncAdaptedQueuePool, Pool, QueuePool
 
 SHORTEST_WAIT = 0.001
@@ -67,6 +62,9 @@ class Limit:
 
 _monotonic = time.monotonic
 _current: ContextVar[Limit | None] = ContextVar("pathlock_limit", default=None)
+LIMIT = _current
+"""The current limit, for a driver's connection that reads it where a call
+would cost too much (``LIMIT.get()``; see :func:`time_left`)."""
 
 T = TypeVar("T")
 
@@ -170,75 +168,6 @@ def time_left(configured: float | None) -> float | None:
     # is on the hot path, hence no calls of math's functions.)
     left = max(-((_monotonic() - ends) * 100 // 1) / 100, SHORTEST_WAIT)
     return left if configured is None or left < configured else configured
-
-
-class _TimeLeft:
-    """A timeout attribute of :class:`BoundedConnection`: set, the configured
-    timeout; read, :func:`time_left` of it, computed here (PyMySQL reads it
-    before every packet, up to three times: a property calling time_left()
-    was two Python calls each time, a dozen reads per grant and release)."""
-
-    __slots__ = ("_configured",)
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._configured = f"_configured{name}"
-
-    def __get__(self, connection: object, owner: type | None = None) -> Any:
-        if connection is None:
-            return self  # the class's attribute
-        configured: float | None = connection.__dict__.get(self._configured)
-        current = _current.get()
-        if current is None:
-            return configured
-        ends = current.ends
-        if ends == math.inf:
-            return configured
-        left = -((_monotonic() - ends) * 100 // 1) / 100  # see time_left()
-        if left < SHORTEST_WAIT:  # noqa: PLR1730 - not max(): a call, a dozen per cycle
-            left = SHORTEST_WAIT
-        return left if configured is None or left < configured else configured
-
-    def __set__(self, connection: object, value: float | None) -> None:
-        connection.__dict__[self._configured] = value
-
-
-class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
-    """A PyMySQL connection whose connect, read and write timeouts are the
-    configured ones, shortened to the time left under :func:`limit`, and which
-    says when a COMMIT got no reply (see :attr:`Limit.commit_unanswered`).
-
-    The engines pathlock creates open their connections as this class. It
-    relies on PyMySQL's private attributes ``_read_timeout`` and
-    ``_write_timeout`` (read before every packet since PyMySQL 0.7) and its
-    public ``connect_timeout``; and shares one TLS context among the
-    connections given no TLS option (see :meth:`_create_ssl_ctx`)."""
-
-    _read_timeout = _TimeLeft()
-    _write_timeout = _TimeLeft()
-    connect_timeout = _TimeLeft()
-    _shared_tls: tuple[int, Any] | None = None
-    """The process that built it, and the context of connections given no
-    TLS option (see :meth:`_create_ssl_ctx`)."""
-
-    def _create_ssl_ctx(self, sslp: Any) -> Any:
-        # Given no TLS option, PyMySQL (1.2.4 does) uses TLS if the server
-        # offers it, without verifying the server's certificate, and builds
-        # that connection's context anew: loading the system's certificates,
-        # which that context never uses, costs some 16 ms of CPU, a hundred
-        # times the rest of connecting. The context is the same every time;
-        # here it is built once per process and shared (a context serves any
-        # number of connections, in any thread). Contexts of TLS options
-        # given (certificate files that may change) are built as before.
-        if type(sslp) is not dict or sslp:
-            return super()._create_ssl_ctx(sslp)
-        pid = os.getpid()
-        built = BoundedConnection._shared_tls
-        if built is None or built[0] != pid:  # none yet, or built before a fork
-            built = BoundedConnection._shared_tls = (pid, super()._create_ssl_ctx({}))
-        return built[1]
-
-    def commit(self) -> None:
-        noting_unanswered(super().commit)
 
 
 def noting_unanswered(commit: Callable[[], None]) -> None:

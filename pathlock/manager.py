@@ -15,6 +15,7 @@ A request flows one way: ``CustomerLocks.lock_paths`` -> ``paths`` normalize ->
 attempt can succeed} -> ``Lease.release`` -> ``Releases.release`` (wakes this
 process's waiters of the same customer).
 """
+
 from __future__ import annotations
 
 import functools

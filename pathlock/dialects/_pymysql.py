@@ -1,6 +1,14 @@
 """The PyMySQL connections of the engines pathlock creates: deadlines kept
-(:class:`pathlock._deadlines.BoundedConnection`), and the replies of a batch
-read without a cursor.
+(:class:`BoundedConnection`), and the replies of a batch read without a
+cursor (:class:`Connection`).
+
+PyMySQL reads its socket timeouts from attributes of the connection object
+before every packet it sends or reads, and its connect timeout before it
+connects. :class:`BoundedConnection` answers those reads with the time left
+under the call's limit (never more than the configured timeout: see
+:mod:`pathlock._deadlines`), at no cost in round trips. A socket timeout
+drops the connection (PyMySQL closes it; SQLAlchemy invalidates it), so it
+never goes back to the pool.
 
 An acquire + release is two batches of writes (their COMMITs included: six
 replies, each an OK packet); a waiter's check is a batch of reads. Read
@@ -22,6 +30,9 @@ batches go through a cursor as on any other connection (:data:`DIRECT`).
 
 from __future__ import annotations
 
+import math
+import os
+import time
 from typing import Any
 
 import pymysql.connections
@@ -30,6 +41,7 @@ from pymysql.constants import COMMAND, CR, FIELD_TYPE, SERVER_STATUS
 from pymysql.protocol import FieldDescriptorPacket, MysqlPacket
 
 from pathlock import _deadlines as deadlines
+from pathlock._deadlines import LIMIT, SHORTEST_WAIT
 
 DIRECT = (
     all(
@@ -63,7 +75,80 @@ for a SELECT), and for a SELECT its columns' names and its rows."""
 _Column = tuple[str, str | None, Any]  # name, encoding, converter
 
 
-class Connection(deadlines.BoundedConnection):
+_monotonic = time.monotonic
+
+
+class _TimeLeft:
+    """A timeout attribute of :class:`BoundedConnection`: set, the configured
+    timeout; read, :func:`~pathlock._deadlines.time_left` of it, computed here (PyMySQL reads it
+    before every packet, up to three times: a property calling time_left()
+    was two Python calls each time, a dozen reads per grant and release)."""
+
+    __slots__ = ("_configured",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._configured = f"_configured{name}"
+
+    def __get__(self, connection: object, owner: type | None = None) -> Any:
+        if connection is None:
+            return self  # the class's attribute
+        configured: float | None = connection.__dict__.get(self._configured)
+        current = LIMIT.get()
+        if current is None:
+            return configured
+        ends = current.ends
+        if ends == math.inf:
+            return configured
+        left = -((_monotonic() - ends) * 100 // 1) / 100  # see time_left()
+        if left < SHORTEST_WAIT:  # noqa: PLR1730 - not max(): a call, a dozen per cycle
+            left = SHORTEST_WAIT
+        return left if configured is None or left < configured else configured
+
+    def __set__(self, connection: object, value: float | None) -> None:
+        connection.__dict__[self._configured] = value
+
+
+class BoundedConnection(pymysql.connections.Connection):  # type: ignore[misc]
+    """A PyMySQL connection whose connect, read and write timeouts are the
+    configured ones, shortened to the time left under the current limit
+    (:mod:`pathlock._deadlines`), and which says when a COMMIT got no reply
+    (see :attr:`pathlock._deadlines.Limit.commit_unanswered`).
+
+    The engines pathlock creates open their connections as this class. It
+    relies on PyMySQL's private attributes ``_read_timeout`` and
+    ``_write_timeout`` (read before every packet since PyMySQL 0.7) and its
+    public ``connect_timeout``; and shares one TLS context among the
+    connections given no TLS option (see :meth:`_create_ssl_ctx`)."""
+
+    _read_timeout = _TimeLeft()
+    _write_timeout = _TimeLeft()
+    connect_timeout = _TimeLeft()
+    _shared_tls: tuple[int, Any] | None = None
+    """The process that built it, and the context of connections given no
+    TLS option (see :meth:`_create_ssl_ctx`)."""
+
+    def _create_ssl_ctx(self, sslp: Any) -> Any:
+        # Given no TLS option, PyMySQL (1.2.4 does) uses TLS if the server
+        # offers it, without verifying the server's certificate, and builds
+        # that connection's context anew: loading the system's certificates,
+        # which that context never uses, costs some 16 ms of CPU, a hundred
+        # times the rest of connecting. The context is the same every time;
+        # here it is built once per process and shared (a context serves any
+        # number of connections, in any thread). Contexts of TLS options
+        # given (certificate files that may change) are built as before.
+        if type(sslp) is not dict or sslp:
+            return super()._create_ssl_ctx(sslp)
+        pid = os.getpid()
+        built = BoundedConnection._shared_tls
+        if built is None or built[0] != pid:  # none yet, or built before a fork
+            built = BoundedConnection._shared_tls = (pid, super()._create_ssl_ctx({}))
+        return built[1]
+
+    def commit(self) -> None:
+        deadlines.noting_unanswered(super().commit)
+
+
+class Connection(BoundedConnection):
     """A PyMySQL connection that sends a batch and reads the reply of each
     of its statements (see the module's docstring)."""
 

@@ -16,7 +16,6 @@ from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.types import TypeEngine
 
-from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
 from pathlock.dialects import _pymysql
 from pathlock.dialects._commits import commit_in_batches
@@ -187,7 +186,7 @@ class MySQL(Dialect):
     # asyncmy fetches in a round trip of its own and logs as a WARNING.
     insert_if_absent = ""
     insert_if_absent_clause = "ON DUPLICATE KEY UPDATE {key} = {key}"
-    # Only PyMySQL's connections bound every wait (deadlines.BoundedConnection)
+    # Only PyMySQL's connections bound every wait (_pymysql.BoundedConnection)
     # and batch statements.
     drivers = ("pymysql",)
     async_driver = "asyncmy"
@@ -370,7 +369,7 @@ def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any
     with interrupts.let_through():
         if _pymysql.DIRECT:
             return _pymysql.Connection(*cargs, **cparams)
-        return deadlines.BoundedConnection(*cargs, **cparams)
+        return _pymysql.BoundedConnection(*cargs, **cparams)
 
 
 def _session_settings(lock_wait_timeout: int, idle: int) -> Callable[[Any, object], None]:

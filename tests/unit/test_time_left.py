@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pathlock import _deadlines as deadlines
+from pathlock.dialects import _pymysql
 
 
 def test_no_limit_and_an_endless_one_leave_the_configured_timeout() -> None:
@@ -46,7 +47,7 @@ def test_the_time_left_is_rounded_up_to_10_ms_and_capped(
 def test_a_bounded_connection_reads_its_timeouts_as_time_left() -> None:
     """PyMySQL reads the timeouts of a BoundedConnection before every packet:
     what it gets is time_left() of the configured ones."""
-    connection = deadlines.BoundedConnection(
+    connection = _pymysql.BoundedConnection(
         defer_connect=True, read_timeout=2.0, write_timeout=None, connect_timeout=3.0
     )
     assert (connection._read_timeout, connection._write_timeout) == (2.0, None)

@@ -1,7 +1,7 @@
 """The TLS context of PyMySQL connections pathlock opens: given no TLS
 option, PyMySQL builds a context per connection (loading the system's
 certificates, some 16 ms of CPU); pathlock's connections build it once per
-process and share it (pathlock._deadlines.BoundedConnection)."""
+process and share it (pathlock.__pymysql.BoundedConnection)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import ssl
 import pymysql
 import pytest
 
-from pathlock import _deadlines as deadlines
 from pathlock.dialects import _pymysql
 
 
@@ -20,7 +19,7 @@ def _unconnected(cls: type[pymysql.connections.Connection], **options: object) -
     return cls(host="127.0.0.1", defer_connect=True, **options)
 
 
-@pytest.mark.parametrize("cls", [deadlines.BoundedConnection, _pymysql.Connection])
+@pytest.mark.parametrize("cls", [_pymysql.BoundedConnection, _pymysql.Connection])
 def test_connections_given_no_tls_option_share_one_context(
     cls: type[pymysql.connections.Connection],
 ) -> None:
@@ -36,29 +35,29 @@ def test_connections_given_no_tls_option_share_one_context(
 
 
 def test_tls_options_given_build_a_context_of_their_own() -> None:
-    shared = _unconnected(deadlines.BoundedConnection)
-    verified = _unconnected(deadlines.BoundedConnection, ssl_verify_cert=True)
+    shared = _unconnected(_pymysql.BoundedConnection)
+    verified = _unconnected(_pymysql.BoundedConnection, ssl_verify_cert=True)
     assert verified.ctx is not getattr(shared, "ctx", None)  # type: ignore[attr-defined]
     assert verified.ctx.verify_mode == ssl.CERT_REQUIRED  # type: ignore[attr-defined]
     assert verified._ssl_required  # type: ignore[attr-defined]
     given = ssl.create_default_context()
-    assert _unconnected(deadlines.BoundedConnection, ssl=given).ctx is given  # type: ignore[attr-defined]
+    assert _unconnected(_pymysql.BoundedConnection, ssl=given).ctx is given  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_builds_its_own_context() -> None:
-    inherited = getattr(_unconnected(deadlines.BoundedConnection), "ctx", None)
+    inherited = getattr(_unconnected(_pymysql.BoundedConnection), "ctx", None)
     if inherited is None:
         pytest.skip("this PyMySQL builds no context without TLS options")
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 if it built a context of its own
         try:
-            child = _unconnected(deadlines.BoundedConnection)
-            again = _unconnected(deadlines.BoundedConnection)
+            child = _unconnected(_pymysql.BoundedConnection)
+            again = _unconnected(_pymysql.BoundedConnection)
             ok = child.ctx is not inherited and again.ctx is child.ctx  # type: ignore[attr-defined]
             os._exit(0 if ok else 1)
         finally:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert _unconnected(deadlines.BoundedConnection).ctx is inherited  # type: ignore[attr-defined]
+    assert _unconnected(_pymysql.BoundedConnection).ctx is inherited  # type: ignore[attr-defined]
