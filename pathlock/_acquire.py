@@ -1,5 +1,5 @@
 """The lock request's loop, run on the caller's thread: the steps of
-:class:`pathlock._flow.AcquireFlow` (which decides everything and does no I/O)
+:class:`pathlock._core.flow.AcquireFlow` (which decides everything and does no I/O)
 carried out against the store, this process's wake-ups and ``time``.
 
 A step that fails is thrown back into the flow, which decides what the
@@ -17,7 +17,7 @@ from typing import Any
 from pathlock import _deadlines as deadlines
 from pathlock import _owners as owners
 from pathlock import events
-from pathlock._flow import (
+from pathlock._core.flow import (
     AcquireFlow,
     Attempt,
     Behind,
@@ -32,7 +32,7 @@ from pathlock._flow import (
     TakeUp,
     drive,
 )
-from pathlock._records import Granted, GrantRequest
+from pathlock._core.records import Granted, GrantRequest
 from pathlock._store import Store
 from pathlock.errors import LockCancelled, ManagerClosed, PathLockError
 from pathlock.types import Cancel
@@ -66,9 +66,9 @@ def acquire(
     """Attempt until ``request`` is granted: return its fencing token, the
     lease clock's time (``settings.clock.now()``) when its granting attempt
     started, and how long its rows last from then if not its ttl (see
-    :data:`pathlock._flow.Result`). ``None`` if ``blocking`` is false and the
+    :data:`pathlock._core.flow.Result`). ``None`` if ``blocking`` is false and the
     one attempt was denied.
-    Raises what :class:`~pathlock._flow.AcquireFlow` raises: :class:`LockTimeout`
+    Raises what :class:`~pathlock._core.flow.AcquireFlow` raises: :class:`LockTimeout`
     after ``wait_limit`` seconds (``None``: no limit), :class:`DeadlockDetected`,
     :class:`ContentionTimeout` for a try-lock that kept losing races,
     :class:`ManagerClosed` once ``closed()`` is true (the manager's close wakes

@@ -1,6 +1,6 @@
 """How the asyncio API runs pathlock's one algorithm without blocking the loop.
 
-The request loop (:mod:`pathlock._acquire`, :mod:`pathlock._flow`), the retry
+The request loop (:mod:`pathlock._acquire`, :mod:`pathlock._core.flow`), the retry
 loop (:mod:`pathlock._transactions`), the store's transactions and the
 manager's bookkeeping are written once, as plain functions. The asyncio API
 runs them the way SQLAlchemy's own asyncio extension runs its ORM: inside a
@@ -58,7 +58,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
-from pathlock._heartbeat import Schedule, declare_lost, renew_round, run_callback
+from pathlock._core.schedule import Schedule
+from pathlock._heartbeat import declare_lost, renew_round, run_callback
 from pathlock._polls import Waits
 from pathlock._routing import Node
 from pathlock._transactions import THREAD, AttemptFailed
@@ -640,7 +641,7 @@ class _LoopEvent:
 class TaskHeartbeat:
     """The asyncio API's renewals (the interface of
     :class:`pathlock._heartbeat.Heartbeat`): the same
-    :class:`~pathlock._heartbeat.Schedule`, carried out by a task of the loop
+    :class:`~pathlock._core.schedule.Schedule`, carried out by a task of the loop
     that sleeps until its next entry, with each round of renewals in a task
     of its own, so that a renewal stuck in the network never delays a loss
     being declared. ``on_lost`` callbacks run on the loop, one at a time.

@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterable
 
 from pathlock import _owners as owners
-from pathlock import _validation as validation
 from pathlock import events
-from pathlock._records import GrantRequest, lease_data
+from pathlock._core import validation
+from pathlock._core.records import GrantRequest, lease_data
 from pathlock._requesting import Requesting
 from pathlock._upkeep import LeaseRows
 from pathlock.errors import (

@@ -24,7 +24,8 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pathlock import _batch as batch
-from pathlock._hints import Hints
+from pathlock._core.hints import Hints
+from pathlock._core.records import Blocked, Deadlocked, Granted, GrantRequest
 from pathlock._parameters import (
     grant_parameters,
     lean_parameters,
@@ -33,7 +34,6 @@ from pathlock._parameters import (
 )
 from pathlock._picture import Picture, deadlock_of
 from pathlock._queue import leave
-from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest
 from pathlock._round_trips import Steps, commit, until
 from pathlock._statements import (
     CLAIM,

@@ -15,10 +15,10 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from pathlock import _batch as batch
-from pathlock._fairness import may_conflict
-from pathlock._hints import Heir, Hints, well_formed
+from pathlock._core.fairness import may_conflict
+from pathlock._core.hints import Heir, Hints, well_formed
+from pathlock._core.records import GrantRequest, item_row, waiter_info
 from pathlock._parameters import grant_parameters
-from pathlock._records import GrantRequest, item_row, waiter_info
 from pathlock._round_trips import Steps, until
 from pathlock._statements import (
     BUMP_IF_UNMOVED,

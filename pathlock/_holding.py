@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from pathlock import _deadlines as deadlines
+from pathlock._core.records import GrantRequest
 from pathlock._manager_state import ManagerState
-from pathlock._records import GrantRequest
 from pathlock.errors import (
     BackendError,
     ManagerClosed,

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, inspect
 
-from pathlock import _validation as validation
 from pathlock import dialects
 from pathlock._backends import open_engines, open_renewal_engines
+from pathlock._core import validation
 from pathlock._embedded import upgrade_on_open
 from pathlock._manager_state import ManagerState
 from pathlock._routing import Router

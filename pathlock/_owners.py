@@ -23,7 +23,7 @@ import secrets
 import threading
 import weakref
 
-from pathlock import _validation as validation
+from pathlock._core import validation
 from pathlock.types import DETACHED, Owner
 
 # Process-wide counters: a holder id is never handed out twice in a process.

@@ -1,11 +1,11 @@
 """The bind parameters of a request's statements (:mod:`pathlock._statements`),
-from a :class:`~pathlock._records.GrantRequest`."""
+from a :class:`~pathlock._core.records.GrantRequest`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pathlock._records import GrantRequest, queued_json
+from pathlock._core.records import GrantRequest, queued_json
 from pathlock._statements import NO_TICKET, conflict_parameters
 
 

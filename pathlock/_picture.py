@@ -1,7 +1,7 @@
 """Who is in the way of a request: the live conflicting locks, the older
 queued requests that must go first, and whether waiting could ever succeed
 (a deadlock between two owners), read in the transaction of an attempt or of
-a waiter's check and judged by the queue rules of :mod:`pathlock._fairness`."""
+a waiter's check and judged by the queue rules of :mod:`pathlock._core.fairness`."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pathlock import _batch as batch
-from pathlock._fairness import (
+from pathlock._core.fairness import (
     Locked,
     deadlock_party,
     requests_conflict,
     waiter_request,
     waiters_ahead,
 )
-from pathlock._records import (
+from pathlock._core.records import (
     Deadlocked,
     GrantRequest,
     item_row,

@@ -3,7 +3,7 @@
 A waiting request checks every few milliseconds whether it can go on (the
 customer's version, the paths a release handed to it, whether the requests
 ahead of it and the leases in its way are still there: see
-:class:`pathlock._flow.ReadVersion`). With a hundred of a customer's requests
+:class:`pathlock._core.flow.ReadVersion`). With a hundred of a customer's requests
 waiting in each process (the threads of file servers under a burst of uploads
 into one folder), each check was a read of its own: with 2 processes the
 server and the clients spent more than twice the CPU per grant that a
@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pathlock._core.records import Watched
 from pathlock._interrupts import held_back
-from pathlock._records import Watched
 
 
 class Event(Protocol):
@@ -68,7 +68,7 @@ THREADS = Waits(threading.Event, time.sleep)
 class Ask:
     """One waiting request's check: ``lease_id`` where it asks for the paths
     a release handed to it, the tickets of the requests ``ahead`` of it, the
-    leases ``held`` in its way (see :class:`pathlock._flow.ReadVersion`);
+    leases ``held`` in its way (see :class:`pathlock._core.flow.ReadVersion`);
     ``asker``: the request's lease id."""
 
     lease_id: str | None

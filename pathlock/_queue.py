@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pathlock import _batch as batch
-from pathlock._hints import Hints
+from pathlock._core.hints import Hints
+from pathlock._core.records import GrantRequest, Outlook, Watched, values_row
 from pathlock._parameters import grant_parameters, take_up_parameters
 from pathlock._picture import Picture
 from pathlock._polls import Ask, SharedPolls
-from pathlock._records import GrantRequest, Outlook, Watched, values_row
 from pathlock._round_trips import read_and_roll_back
 from pathlock._statements import (
     DEQUEUE,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from pathlock import _validation as validation
+from pathlock._core import validation
 from pathlock.errors import ArgumentTypeError, InvalidArgument, ManagerClosed, PathLockError
 
 if TYPE_CHECKING:

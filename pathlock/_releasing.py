@@ -13,8 +13,8 @@ from sqlalchemy import Connection
 
 from pathlock import _batch as batch
 from pathlock import _handing_over as handing_over
+from pathlock._core.hints import Heir, Hints
 from pathlock._handing_over import HandOver, QueueHead
-from pathlock._hints import Heir, Hints
 from pathlock._round_trips import read_and_roll_back
 from pathlock._statements import (
     BUMP,

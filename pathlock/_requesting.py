@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from pathlock import _deadlines as deadlines
-from pathlock import _validation as validation
 from pathlock import events
 from pathlock._acquire import acquire
+from pathlock._core import validation
+from pathlock._core.records import GrantRequest, lease_data
 from pathlock._holding import Holding
-from pathlock._records import GrantRequest, lease_data
 from pathlock.errors import (
     BackendError,
     ContentionTimeout,

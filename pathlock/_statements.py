@@ -543,7 +543,7 @@ def conflict_parameters(
 
 def items(columns: Sequence[ColumnElement[Any]]) -> Label[Any]:
     """``columns`` as one JSON array (MySQL, MariaDB), labelled ``item``: for
-    reads whose rows the client parses (see :func:`pathlock._records.item_row`).
+    reads whose rows the client parses (see :func:`pathlock._core.records.item_row`).
     PyMySQL parses a description of every column in every reply, rows or
     none, which costs it more than the rows of a short read: a denied
     attempt's reads described 26 columns."""
@@ -602,7 +602,7 @@ _GRANTED_COLUMNS = (
     "data",
     "shallow",
 )
-# The lease's data (pathlock._records.lease_data; NULL: none), given by the
+# The lease's data (pathlock._core.records.lease_data; NULL: none), given by the
 # request, or copied from its queue row by a release that hands it its paths.
 _DATA = Bytes(bindparam("l_data", type_=LargeBinary))
 _WAITER_DATA = (
@@ -639,7 +639,7 @@ def grant_statement(
     with this one (:func:`_nobody_queued_in_the_way`): an empty queue costs
     one index probe, a crowd of requests one indexed query, whatever its
     size. A request denied by the queue is judged by the store
-    (:mod:`pathlock._fairness`: an owner's own locks let it pass requests that
+    (:mod:`pathlock._core.fairness`: an owner's own locks let it pass requests that
     wait for them) before inserting with ``queued=False``.
 
     ``sentinel_after=True``: for a grant in one round trip (see
@@ -1159,7 +1159,7 @@ LEASE_ALIVE = select(func.count()).where(
     path_locks.c.expires_at > now(),
 )
 
-# The queue of blocked requests (see pathlock._fairness for who waits for whom).
+# The queue of blocked requests (see pathlock._core.fairness for who waits for whom).
 ENQUEUE = insert(path_lock_waiters).values(
     customer_id=bindparam("c_id"),
     lease_id=bindparam("l_id"),
@@ -1551,7 +1551,7 @@ QUEUE_ITEM = tuple(column.name for column in _QUEUE_COLUMNS)
 # items()): a waiter that finds paths handed to it learns who is next in line.
 LIVE_WAITER_ITEMS = _live_waiters(items(_QUEUE_COLUMNS))
 # The whole queue is needed to judge a request only where its owner holds
-# live locks of the customer (pathlock._fairness: requests that wait for them
+# live locks of the customer (pathlock._core.fairness: requests that wait for them
 # are passed over, and may close a cycle); otherwise it reads nothing.
 LIVE_WAITER_ITEMS_IF_OWNER_HOLDS = LIVE_WAITER_ITEMS.where(_owner_holds())
 # How many of the older queued requests in a request's way one read returns:

@@ -3,7 +3,7 @@ transaction (or a bounded series of retries of one), its statements built in
 :mod:`pathlock._statements` and run through :mod:`pathlock._transactions`.
 
 :class:`Store` holds one object per job, which share what the manager has
-learnt of its customers lately (:mod:`pathlock._hints`):
+learnt of its customers lately (:mod:`pathlock._core.hints`):
 
 - :mod:`pathlock._granting`: an attempt to grant a request every path at once;
 - :mod:`pathlock._queue`: a queued request's checks, its queue row kept alive,
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from sqlalchemy.exc import DBAPIError
 
+from pathlock._core.hints import Hints
 from pathlock._granting import Grants
 from pathlock._handing_over import HandOver
-from pathlock._hints import Hints
 from pathlock._queue import Queue
 from pathlock._releasing import Releases
 from pathlock._renewing import Renewals

@@ -19,7 +19,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from pathlock import _deadlines as deadlines
 from pathlock import _interrupts as interrupts
 from pathlock import events
-from pathlock._flow import drive
+from pathlock._core.flow import drive
 from pathlock._polls import THREADS, Waits
 from pathlock._routing import Node, Router
 from pathlock._statements import (

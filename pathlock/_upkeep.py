@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Delete, Select, select
 from sqlalchemy.exc import DBAPIError
 
-from pathlock._records import as_utc, given_data, lock_info, waiter_info
+from pathlock._core.records import as_utc, given_data, lock_info, waiter_info
 from pathlock._statements import (
     HOLD_SENTINELS,
     LEASE_CUSTOMER,

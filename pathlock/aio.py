@@ -29,9 +29,9 @@ from sqlalchemy import URL
 
 from pathlock import _deadlines as deadlines
 from pathlock import _reaper as reaper
-from pathlock import _validation as validation
 from pathlock import events
 from pathlock._aio import TaskHeartbeat, spawn
+from pathlock._core import validation
 from pathlock.dialects.base import is_async
 from pathlock.errors import ArgumentTypeError, InvalidArgument, LeaseLost
 from pathlock.lease import Lease

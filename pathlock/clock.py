@@ -45,7 +45,7 @@ class Clock(Protocol):
     """The two clocks pathlock reads: :attr:`Settings.clock
     <pathlock.Settings.clock>`. Tests give the manager one of their own (a
     clock that jumps, as after a suspend); the lock request's loop
-    (:mod:`pathlock._flow`) can be driven with one that never moves on its own."""
+    (:mod:`pathlock._core.flow`) can be driven with one that never moves on its own."""
 
     def now(self) -> float:
         """Seconds on the lease clock: lease deadlines and their renewals."""

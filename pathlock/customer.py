@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TypeVar
 
-from pathlock import _validation as validation
+from pathlock._core import validation
 from pathlock.errors import ArgumentTypeError
 from pathlock.lease import Lease, LostCallback
 from pathlock.types import Cancel, DetachedLease, LeaseInfo, LockInfo

@@ -10,7 +10,7 @@ leases held and those in doubt (:mod:`pathlock._holding`), detached leases
 
 A request flows one way: ``CustomerLocks.lock_paths`` -> ``paths`` normalize ->
 :func:`pathlock._acquire.acquire`, which runs the steps of
-:class:`pathlock._flow.AcquireFlow`: loop {``Grants.try_grant`` -> granted: a
+:class:`pathlock._core.flow.AcquireFlow`: loop {``Grants.try_grant`` -> granted: a
 :class:`Lease`; blocked: queued, then watch the customer's version until an
 attempt can succeed} -> ``Lease.release`` -> ``Releases.release`` (wakes this
 process's waiters of the same customer).
@@ -36,9 +36,9 @@ from pathlock import _deadlines as deadlines
 from pathlock import _lifecycle as lifecycle
 from pathlock import _owners as owners
 from pathlock import _reaper as reaper
-from pathlock import _validation as validation
 from pathlock import events, otel
 from pathlock._calls import Calls
+from pathlock._core import validation
 from pathlock._detached import DetachedLeases
 from pathlock._heartbeat import Heartbeat, Stragglers
 from pathlock._opening import Opening, check_engine_options, check_flags

@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from pathlock import dialects
-from pathlock._limits import (
+from pathlock._core.limits import (
     LEASE_ID_LENGTH,
     NODE_ID_LENGTH,
     OWNER_KEY_LENGTH,
@@ -94,7 +94,7 @@ def _lease_data() -> Column[bytes]:
     # (CustomerLocks.lock_paths(data=...)), on the queue row while it waits
     # and on the row of its first path once granted (NULL on the others, and
     # where none was given). One byte says what it was: 0 bytes, 1 text
-    # (UTF-8), then the value (pathlock._records.lease_data).
+    # (UTF-8), then the value (pathlock._core.records.lease_data).
     return Column("data", _LongBinary, nullable=True)
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from pathlock import _validation as validation
+from pathlock._core import validation
 from pathlock.clock import SYSTEM, Clock
 from pathlock.errors import ArgumentTypeError, InvalidArgument
 

@@ -3,7 +3,7 @@
 A wait policy is any object with ``start() -> Delays``; ``Delays.next()`` returns
 the seconds to sleep before the next check of one request. A check is a plain
 read of the customer's version, and a full attempt when it moved (see
-:mod:`pathlock._flow`). The manager never holds a connection or a transaction
+:mod:`pathlock._core.flow`). The manager never holds a connection or a transaction
 while sleeping, and a release in the same process cuts the sleep short
 (:class:`LocalWakeups`). Fairness does not depend on the policy: the queue
 orders conflicting requests, however eagerly each one polls.

@@ -16,9 +16,9 @@ from importlib import metadata
 from typing import NoReturn
 
 from pathlock import _reaper as reaper
-from pathlock import _validation as validation
 from pathlock import bench, dialects
 from pathlock._backends import CONFIG_ENV_VAR, SYSTEM_CONFIG, URL_ENV_VAR, default_sqlite_path
+from pathlock._core import validation
 from pathlock.cli.runner import (
     EXIT_FAILURE,
     EXIT_LEASE_LOST,

@@ -32,8 +32,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from pathlock import bench, dialects
 from pathlock._backends import URL_ENV_VAR, default_database, open_engine
+from pathlock._core.limits import REASON_LENGTH
 from pathlock._embedded import upgrade_on_open
-from pathlock._limits import REASON_LENGTH
 from pathlock._owners import process_user
 from pathlock._statements import now
 from pathlock.bench.stats import count

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, delete, insert, select
 
+from pathlock._core.records import GrantRequest
 from pathlock._parameters import grant_parameters
-from pathlock._records import GrantRequest
 from pathlock._statements import (
     blockers_query,
     conflict_parameters,

@@ -44,7 +44,7 @@ from pathlock import (
     PathLockError,
     PathLockManager,
 )
-from pathlock._validation import MAX_INTERVAL, MAX_TTL, MIN_TTL
+from pathlock._core.validation import MAX_INTERVAL, MAX_TTL, MIN_TTL
 from pathlock.paths import MAX_PATH_LENGTH
 
 # The fixtures are per test, not per example: every example either changes

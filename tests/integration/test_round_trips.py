@@ -19,7 +19,7 @@ from pathlock import DatabaseTimeout, LockTimeout, Owner, PathLockManager, Setti
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock._aio import watch_commits
-from pathlock._records import GrantRequest
+from pathlock._core.records import GrantRequest
 from pathlock.paths import normalize_request
 from tests.integration.commit_faults import CommitFaults
 

@@ -28,7 +28,7 @@ from sqlalchemy.pool import NullPool
 
 from pathlock import LockTimeout, Owner, PathLockManager
 from pathlock import _batch as batch
-from pathlock._records import GrantRequest
+from pathlock._core.records import GrantRequest
 from pathlock.paths import normalize_request
 from tests.row_counts import miscounted, uncounted
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 from pathlock import AsyncLease, AsyncPathLockManager, Lease, PathLockManager, Settings
+from pathlock._core.records import Watched
 from pathlock._polls import Ask
-from pathlock._records import Watched
 from pathlock.types import WaiterInfo
 
 pytestmark = pytest.mark.timeout(120)

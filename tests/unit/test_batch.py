@@ -21,8 +21,8 @@ from sqlalchemy.sql.expression import Executable
 from pathlock import _batch as batch
 from pathlock import _statements as statements
 from pathlock import dialects
+from pathlock._core.records import GrantRequest
 from pathlock._parameters import grant_parameters
-from pathlock._records import GrantRequest
 from pathlock._statements import NO_TICKET, blockers_query, grant_statement, shape
 from pathlock.paths import normalize_request
 from pathlock.types import Owner

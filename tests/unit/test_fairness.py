@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock._fairness import Locked, deadlock_party, requests_conflict, waiters_ahead
+from pathlock._core.fairness import Locked, deadlock_party, requests_conflict, waiters_ahead
 from pathlock.types import EXCLUSIVE, SHARED, LockInfo, Mode, Owner, WaiterInfo
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

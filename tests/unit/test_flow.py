@@ -18,7 +18,7 @@ from pathlock import (
     ManagerClosed,
     Settings,
 )
-from pathlock._flow import (
+from pathlock._core.flow import (
     AcquireFlow,
     Attempt,
     Behind,
@@ -32,7 +32,7 @@ from pathlock._flow import (
     Stop,
     TakeUp,
 )
-from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook, Watched
+from pathlock._core.records import Blocked, Deadlocked, Granted, GrantRequest, Outlook, Watched
 from pathlock.types import LockInfo, Owner, WaiterInfo
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,7 +1,7 @@
 """Hostile input to the checks that run before any SQL (issue 5, part 3).
 
 Every value the public API takes goes through :mod:`pathlock.paths` or
-:mod:`pathlock._validation` first; these tests throw at them what an attacker or
+:mod:`pathlock._core.validation` first; these tests throw at them what an attacker or
 a careless caller would: wrong types, NaN and infinities, ints too large to
 print or to convert to a float, control characters, lone surrogates, paths
 over the length limit, SQL-shaped and LIKE-shaped text. The contract: a valid
@@ -30,8 +30,8 @@ from apscheduler.triggers.interval import IntervalTrigger
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock import _validation as validation
-from pathlock._limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
+from pathlock._core import validation
+from pathlock._core.limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.errors import (
     ArgumentTypeError,
     InvalidArgument,

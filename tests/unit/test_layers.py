@@ -101,7 +101,7 @@ def test_the_graph_is_read() -> None:
     # The reading itself: known arrows, one of them made inside a function.
     assert "pathlock._backends" in GRAPH["pathlock.migrate"]
     assert "pathlock.migrate" in GRAPH["pathlock._embedded"]
-    assert "pathlock._limits" in GRAPH["pathlock._validation"]
+    assert "pathlock._core.limits" in GRAPH["pathlock._core.validation"]
     assert "pathlock.dialects" in GRAPH["pathlock._batch"]
 
 
@@ -110,27 +110,50 @@ def test_no_import_circle() -> None:
 
 
 def test_a_circle_would_be_found() -> None:
-    GRAPH["pathlock._limits"].add("pathlock._validation")
+    GRAPH["pathlock._core.limits"].add("pathlock._core.validation")
     try:
-        assert _circles() == [["pathlock._limits", "pathlock._validation"]]
+        assert _circles() == [["pathlock._core.limits", "pathlock._core.validation"]]
     finally:
-        GRAPH["pathlock._limits"].discard("pathlock._validation")
+        GRAPH["pathlock._core.limits"].discard("pathlock._core.validation")
 
 
-# The modules that decide without I/O: a request's steps, the queue rules,
-# paths, the renewal schedule, the wait policies, and the values they decide
-# on. They run in tests and in the asyncio API's greenlets alike; none of
-# them may need the database layer.
-DECISIONS = (
-    "pathlock._flow",
-    "pathlock._fairness",
-    "pathlock._hints",
-    "pathlock._records",
-    "pathlock._heartbeat",
+# The modules that decide without I/O: the core (a request's steps, the queue
+# rules, the values they decide on, the hints, the renewal schedule, the
+# checks of callers' values), every module in its folder, and the public
+# paths and wait policies. They run in tests and in the asyncio API's
+# greenlets alike; none of them may need the database layer.
+CORE = sorted(name for name in MODULES if name.startswith("pathlock._core"))
+DECISIONS = (*CORE, "pathlock.paths", "pathlock.waiting")
+
+
+def test_the_core_is_a_folder_of_its_own() -> None:
+    assert "pathlock._core" in CORE
+    assert {"pathlock._core.flow", "pathlock._core.fairness", "pathlock._core.records"} <= set(CORE)
+    assert "pathlock._core.schedule" in CORE
+
+
+# What the core may import besides itself: the public values and rules it
+# decides on and with.
+CORE_READS = {
+    "pathlock.clock",
+    "pathlock.errors",
+    "pathlock.lease",
     "pathlock.paths",
+    "pathlock.settings",
+    "pathlock.types",
     "pathlock.waiting",
-    "pathlock._validation",
-)
+}
+
+
+def test_the_core_imports_only_itself_and_the_public_values() -> None:
+    outside = {
+        (module, other)
+        for module in CORE
+        for other in GRAPH[module]
+        if other not in CORE and other not in CORE_READS and other != "pathlock"
+    }
+    assert outside == set()
+
 
 # Imports one module in a fresh interpreter without running the package's
 # __init__ (which imports the whole API): what that module needs, only.

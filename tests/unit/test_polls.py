@@ -12,8 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from pathlock import _polls as polls
+from pathlock._core.records import Watched
 from pathlock._polls import Ask, SharedPolls
-from pathlock._records import Watched
 
 pytestmark = pytest.mark.timeout(30)
 

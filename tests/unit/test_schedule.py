@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pathlock._heartbeat import Schedule
+from pathlock._core.schedule import Schedule
 from pathlock.lease import Renewals
 
 

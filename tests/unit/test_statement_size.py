@@ -22,8 +22,9 @@ from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.sql.expression import Executable
 
 from pathlock import InvalidArgument, PathLockError, RequestTooLarge
+from pathlock._core.records import GrantRequest, lease_data
+from pathlock._core.validation import MAX_DATA
 from pathlock._parameters import grant_parameters, waiter_parameters
-from pathlock._records import GrantRequest, lease_data
 from pathlock._statements import (
     BUMP,
     ENQUEUE,
@@ -32,7 +33,6 @@ from pathlock._statements import (
     grant_statement,
     shape,
 )
-from pathlock._validation import MAX_DATA
 from pathlock.paths import (
     MAX_PATH_LENGTH,
     MAX_REQUEST_CHARACTERS,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathlock import _validation as validation
-from pathlock._limits import NODE_ID_LENGTH, REASON_LENGTH
+from pathlock._core import validation
+from pathlock._core.limits import NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.errors import InvalidArgument, PathLockError
 
 PROPERTY = settings(max_examples=200, deadline=None)

@@ -11,7 +11,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from pathlock._limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
+from pathlock._core.limits import LEASE_ID_LENGTH, NODE_ID_LENGTH, REASON_LENGTH
 from pathlock.errors import ArgumentTypeError, InvalidArgument
 from pathlock.types import show
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from pathlock._fairness import may_conflict
-from pathlock._records import GrantRequest, waiter_info
+from pathlock._core.fairness import may_conflict
+from pathlock._core.records import GrantRequest, waiter_info
 from pathlock.errors import PathLockError
 from pathlock.paths import normalize
 from pathlock.types import PathMode, WaiterInfo

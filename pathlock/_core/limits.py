@@ -1,5 +1,5 @@
 """The sizes of what callers give that the tables keep: checked by
-:mod:`pathlock._validation` before anything is written, and the columns'
+:mod:`pathlock._core.validation` before anything is written, and the columns'
 sizes in :mod:`pathlock.schema`. Constants only, importing nothing: the
 checks need them without loading the tables (or SQLAlchemy)."""
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from pathlock._fairness import Locked, with_depth
+from pathlock._core.fairness import Locked, with_depth
 from pathlock.types import EXCLUSIVE, LockInfo, Mode, Owner, PathMode, WaiterInfo
 
 if TYPE_CHECKING:

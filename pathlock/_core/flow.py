@@ -44,7 +44,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pathlock._records import Blocked, Deadlocked, Granted, GrantRequest, Outlook, Watched
+from pathlock._core.records import Blocked, Deadlocked, Granted, GrantRequest, Outlook, Watched
 from pathlock.errors import (
     ContentionTimeout,
     DatabaseTimeout,
