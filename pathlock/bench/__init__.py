@@ -50,4 +50,4 @@ EXPERIMENTS: dict[int, str] = {
 
 class BenchError(PathLockError):
     """The benchmark could not run (a worker process failed, the server is
-    not MySQL/MariaDB, ...); the message says why."""
+    not MySQL, MariaDB or PostgreSQL, ...); the message says why."""

@@ -33,6 +33,7 @@ from typing import Literal
 
 from pathlock import AsyncCustomerLocks, AsyncPathLockManager, PathLockManager
 from pathlock.bench.costs import PATH, WARM_UP
+from pathlock.bench.database import Server
 from pathlock.bench.harness import Bench, alternate
 from pathlock.bench.report import Row, Section, goal_met
 from pathlock.bench.settings import Settings
@@ -45,8 +46,10 @@ ASYNC_GOAL = 1.2
 
 SYNC_NODE = "pathlock-bench-sync"
 ASYNC_NODE = "pathlock-bench-async"
-# What the asyncio API needs besides pathlock's own dependencies.
-DRIVERS = ("greenlet", "asyncmy", "aiosqlite")
+# What the asyncio API needs besides pathlock's own dependencies, and on
+# MySQL and MariaDB its driver (psycopg has its own asyncio connection).
+DRIVERS = ("greenlet", "aiosqlite")
+MYSQL_DRIVER = "asyncmy"
 # A request's timeout: no round comes near it, so reaching it means the run broke.
 WAIT_LIMIT = 600.0
 # Tasks of the untimed round that opens the connections and compiles the
@@ -77,8 +80,16 @@ class Database:
         return self.async_url or self.url
 
 
-def _missing_drivers() -> list[str]:
-    return [name for name in DRIVERS if find_spec(name) is None]
+def _missing_drivers(server: Server) -> list[str]:
+    needed = DRIVERS if server.name == "PostgreSQL" else (*DRIVERS, MYSQL_DRIVER)
+    return [name for name in needed if find_spec(name) is None]
+
+
+def _server_drivers(server: Server) -> tuple[str, str]:
+    """The drivers of the synchronous and the asyncio API on ``server``."""
+    if server.name == "PostgreSQL":
+        return "psycopg", "psycopg's asyncio connection"
+    return "PyMySQL", MYSQL_DRIVER
 
 
 def _skipped(number: int, goal: str, missing: list[str]) -> Section:
@@ -102,7 +113,7 @@ def databases(bench: Bench) -> Iterator[list[Database]]:
     """The suite's server (a fresh customer, deleted afterwards) and a
     temporary SQLite file (its tables created when a manager first opens it,
     removed with its directory)."""
-    server = "MariaDB" if bench.server.mariadb else "MySQL"
+    server = bench.server.name
     with (
         bench.customers(1) as customers,
         tempfile.TemporaryDirectory(prefix="pathlock-bench-") as directory,
@@ -325,7 +336,7 @@ def event_loop_lag(bench: Bench) -> Section:
     """8: the lag of a timer on the loop while tasks take turns on one path."""
     settings = bench.settings
     goal = f"p99 lag ≤ {ms(LAG_GOAL)} on both databases"
-    missing = _missing_drivers()
+    missing = _missing_drivers(bench.server)
     if missing:
         return _skipped(8, goal, missing)
     load = _load()
@@ -353,7 +364,8 @@ def event_loop_lag(bench: Bench) -> Section:
         "wake-up comes (actual time minus due time). "
         f"{count(settings.loop_rounds, 'round')} per database after an untimed warm-up round, "
         f"each round after {settings.loop_idle_seconds:g} s of the same timer on the idle loop "
-        "(the lag this machine causes by itself). On the suite's server (asyncmy) and on a "
+        "(the lag this machine causes by itself). On the suite's server "
+        f"({_server_drivers(bench.server)[1]}) and on a "
         "temporary SQLite file (each transaction on the loop's thread, on a worker thread "
         "while the file is busy); CPU is this process's "
         "(every thread) per grant. "
@@ -501,7 +513,7 @@ def _versus_meaning(figures: dict[str, VersusFigures], ratios: dict[str, float],
         "Both APIs run the same code and the same SQL; the asyncio API adds the "
         "event loop's work around each database call (a request and a release each run in a "
         "task of the manager's own, and every call into the driver goes through the loop); "
-        "both send the same two round trips to MySQL and MariaDB. On SQLite each "
+        "both send the same two round trips to the server. On SQLite each "
         "transaction runs whole on the loop's own thread (on a worker thread only while the "
         "file is busy). Through aiosqlite (the last rows, beside the goal, not part of it), "
         "which runs SQLite on a thread of its own, every call of the driver (cursor, "
@@ -513,7 +525,7 @@ def async_against_sync(bench: Bench) -> Section:
     """9: an uncontended acquire + release, asyncio API beside synchronous API."""
     settings = bench.settings
     goal = f"asyncio ≤ {ASYNC_GOAL}× the synchronous API at p50 on both databases"
-    missing = _missing_drivers()
+    missing = _missing_drivers(bench.server)
     if missing:
         return _skipped(9, goal, missing)
     with databases(bench) as chosen:
@@ -536,6 +548,7 @@ def async_against_sync(bench: Bench) -> Section:
     }
     met = all(goal_met(value, ASYNC_GOAL) for name, value in ratios.items() if name != AIOSQLITE)
     samples = len(next(iter(figures.values())).samples["asyncio"])
+    sync_driver, async_driver = _server_drivers(bench.server)
     return Section(
         number=9,
         method="One thread, one customer: `locks.lock_paths("
@@ -544,11 +557,11 @@ def async_against_sync(bench: Bench) -> Section:
         "`AsyncPathLockManager` on one event loop (the synchronous rounds run with no loop "
         "running); both managers with default settings, on the same customer. "
         f"{samples:,} samples of each per database, in alternating rounds after a warm-up "
-        "of each. On the suite's server (PyMySQL beside asyncmy) and on a temporary SQLite "
-        "file (the standard library's sqlite3 in both APIs, each asyncio transaction on the "
-        "loop's thread); then the same SQLite file with the asyncio API through aiosqlite "
-        "(a `sqlite+aiosqlite://` URL), for comparison. CPU is this process's (every "
-        "thread) per operation.",
+        f"of each. On the suite's server ({sync_driver} beside {async_driver}) and on a "
+        "temporary SQLite file (the standard library's sqlite3 in both APIs, each asyncio "
+        "transaction on the loop's thread); then the same SQLite file with the asyncio API "
+        "through aiosqlite (a `sqlite+aiosqlite://` URL), for comparison. CPU is this "
+        "process's (every thread) per operation.",
         header=("database", "API", "p50", "p99", "mean", "CPU per operation"),
         rows=[row for name, mine in figures.items() for row in _versus_rows(name, mine)],
         goal=goal,

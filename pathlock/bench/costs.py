@@ -14,7 +14,9 @@ from typing import TypeVar
 from pathlock import CustomerLocks, DetachedLease
 from pathlock.bench import BenchError
 from pathlock.bench.database import (
+    COUNTED_DRIVERS,
     Floor,
+    Server,
     floor_engine,
     insert_bulk_rows,
     round_trips,
@@ -55,24 +57,25 @@ def _side_by_side(
     rounds: int,
     per_round: int,
     cpu: dict[K, list[float | None]] | None = None,
+    server: Server | None = None,
 ) -> dict[K, list[float]]:
     """Time each operation in alternating rounds, after a warm-up of each.
     With ``cpu``, also add up per kind this process's CPU time and the
-    database server's (``None`` when its process cannot be read here)."""
+    database ``server``'s (``None`` when its processes cannot be read here)."""
     for operation in operations.values():
         _timed(operation, WARM_UP)
     samples: dict[K, list[float]] = {kind: [] for kind in operations}
     for _, kind in alternate(rounds, *operations):
-        client, server = time.process_time(), server_cpu_seconds()
+        client, before = time.process_time(), None if server is None else server_cpu_seconds(server)
         samples[kind] += _timed(operations[kind], per_round)
         if cpu is not None:
             spent = cpu.setdefault(kind, [0.0, 0.0])
             spent[0] = (spent[0] or 0.0) + time.process_time() - client
-            server_after = server_cpu_seconds()
-            if server is None or server_after is None or spent[1] is None:
+            after = None if server is None else server_cpu_seconds(server)
+            if before is None or after is None or spent[1] is None:
                 spent[1] = None
             else:
-                spent[1] += server_after - server
+                spent[1] += after - before
     return samples
 
 
@@ -137,7 +140,8 @@ class _Uncontended:
     """Per kind, this process's and the server's CPU per cycle (``None``:
     the server's process cannot be read here)."""
     trips: dict[Algorithm, float | None]
-    """Per kind, round trips per cycle (``None``: its driver is not PyMySQL)."""
+    """Per kind, round trips per cycle (``None``: its driver's are not
+    counted)."""
 
 
 def _run_uncontended(bench: Bench) -> _Uncontended:
@@ -163,11 +167,12 @@ def _run_uncontended(bench: Bench) -> _Uncontended:
                 settings.uncontended_rounds,
                 settings.uncontended_per_round,
                 spent,
+                bench.server,
             )
             # Untimed, after the timed rounds: counting costs a little CPU.
             trips = {
-                kind: round_trips(operations[kind], ROUND_TRIP_CYCLES)
-                if drivers[kind] == "pymysql"
+                kind: round_trips(operations[kind], ROUND_TRIP_CYCLES, drivers[kind])
+                if drivers[kind] in COUNTED_DRIVERS
                 else None
                 for kind in KINDS
             }
@@ -337,9 +342,9 @@ def _run_throughput(bench: Bench) -> _Throughput:
         for _, kind in alternate(settings.throughput_rounds, *KINDS):
             start = team.start_at()
             until = start + settings.throughput_seconds
-            before = server_cpu_seconds()
+            before = server_cpu_seconds(bench.server)
             results = team.run(_each_on_its_own(kind, mine[kind], start, until))
-            after = server_cpu_seconds()
+            after = server_cpu_seconds(bench.server)
             spent = server[kind]
             server[kind] = (
                 None if spent is None or before is None or after is None else spent + after - before

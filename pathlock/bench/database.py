@@ -15,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pymysql.connections
 from sqlalchemy import URL, Engine, bindparam, create_engine, delete, insert, select, text
 from sqlalchemy.engine.default import DefaultDialect
 
@@ -35,7 +34,10 @@ _DELETE_CHUNK = 10_000
 # Random customer ids leave room for a block of consecutive ids above them.
 _CUSTOMER_ID_SPACE = 2**62
 
-_FLOOR_ROW = text(f"INSERT IGNORE INTO {FLOOR_TABLE} (id) VALUES (:k)")
+_FLOOR_ROWS = {
+    "postgresql": text(f"INSERT INTO {FLOOR_TABLE} (id) VALUES (:k) ON CONFLICT DO NOTHING"),
+    "mysql": text(f"INSERT IGNORE INTO {FLOOR_TABLE} (id) VALUES (:k)"),
+}
 _FLOOR_BUMP = text(f"UPDATE {FLOOR_TABLE} SET n = n + 1 WHERE id = :k")
 # SQLAlchemy 2.0.43 and later can leave out the ROLLBACK a Connection sends
 # when it closes, which an autocommit connection has no use for.
@@ -77,7 +79,8 @@ class Floor:
                 connection.connection.dbapi_connection  # type: ignore[arg-type]
             ):
                 raise BenchError("the floor needs an autocommit engine: see floor_engine()")
-            connection.execute(_FLOOR_ROW, {"k": self.key})
+            row = _FLOOR_ROWS["postgresql" if _postgresql(engine) else "mysql"]
+            connection.execute(row, {"k": self.key})
 
     def acquire(self, _path: str, _timeout: float) -> int:
         with self.engine.connect() as connection:
@@ -97,7 +100,8 @@ def create_floor_table(engine: Engine) -> None:
         connection.execute(
             text(
                 f"CREATE TABLE {FLOOR_TABLE} "
-                "(id BIGINT PRIMARY KEY, n BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
+                "(id BIGINT PRIMARY KEY, n BIGINT NOT NULL DEFAULT 0)"
+                + ("" if _postgresql(engine) else " ENGINE=InnoDB")
             )
         )
 
@@ -107,46 +111,85 @@ def drop_floor_table(engine: Engine) -> None:
         connection.execute(text(f"DROP TABLE IF EXISTS {FLOOR_TABLE}"))
 
 
-def round_trips(operation: Callable[[], None], cycles: int) -> float:
+def round_trips(operation: Callable[[], None], cycles: int, driver: str = "pymysql") -> float:
     """Round trips per call of ``operation``, over ``cycles`` calls: the
-    commands PyMySQL sends from this thread meanwhile, each one round trip
-    (a query of several statements is one command). Other threads' commands,
-    a heartbeat's say, are not counted. Only for engines whose driver is
-    PyMySQL; the count is taken by wrapping the driver's one method that
-    sends a command, for the duration of the calls only."""
+    exchanges with the server the ``driver`` (``pymysql`` or ``psycopg``)
+    makes from this thread meanwhile (a query of several statements is one).
+    Other threads' exchanges, a heartbeat's say, are not counted. The count
+    is taken by wrapping the driver's one method that makes an exchange (a
+    PyMySQL command; a psycopg connection's wait for the server), for the
+    duration of the calls only."""
     thread = threading.get_ident()
-    send = pymysql.connections.Connection._execute_command
-    sent = 0
+    owner, name = _EXCHANGES[driver]()
+    exchange = getattr(owner, name)
+    made = 0
 
-    def counted(self: pymysql.connections.Connection, command: int, sql: str | bytes) -> None:
-        nonlocal sent
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal made
         if threading.get_ident() == thread:
-            sent += 1
-        send(self, command, sql)
+            made += 1
+        return exchange(*args, **kwargs)
 
-    setattr(pymysql.connections.Connection, "_execute_command", counted)  # noqa: B010
+    setattr(owner, name, counted)
     try:
         for _ in range(cycles):
             operation()
     finally:
-        setattr(pymysql.connections.Connection, "_execute_command", send)  # noqa: B010
-    return sent / cycles
+        setattr(owner, name, exchange)
+    return made / cycles
+
+
+def _pymysql_exchange() -> tuple[type, str]:
+    import pymysql.connections  # noqa: PLC0415 - the driver measured
+
+    return pymysql.connections.Connection, "_execute_command"
+
+
+def _psycopg_exchange() -> tuple[type, str]:
+    import psycopg  # noqa: PLC0415 - the driver measured
+
+    # Every exchange of a synchronous connection (a query, BEGIN, COMMIT,
+    # ROLLBACK) is one call of wait(); connecting is not.
+    return psycopg.Connection, "wait"
+
+
+_EXCHANGES: dict[str, Callable[[], tuple[type, str]]] = {
+    "pymysql": _pymysql_exchange,
+    "psycopg": _psycopg_exchange,
+}
+COUNTED_DRIVERS = frozenset(_EXCHANGES)
+"""The drivers whose round trips :func:`round_trips` counts."""
+
+
+def _postgresql(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql"
 
 
 @dataclass(frozen=True, slots=True)
 class Server:
+    """The server the benchmarks measure."""
+
+    name: str
+    """``MariaDB``, ``MySQL`` or ``PostgreSQL``."""
     version: str
-    flush_log_at_trx_commit: str
-    mariadb: bool
+    durability: tuple[str, str]
+    """The setting that says when a commit is durable, and its value
+    (``innodb_flush_log_at_trx_commit``; ``synchronous_commit``)."""
+    processes: tuple[str, ...]
+    """The names of its processes (``/proc/*/comm``), whose CPU is its."""
+    port: int
+
+    @property
+    def mariadb(self) -> bool:
+        return self.name == "MariaDB"
 
 
-_SERVER_NAMES = ("mariadbd", "mysqld")
-
-
-def server_cpu_seconds() -> float | None:
-    """CPU seconds the database server's process has used, if one runs on
-    this machine and /proc shows it (Linux); ``None`` otherwise. With several
-    server processes, their sum."""
+def server_cpu_seconds(server: Server) -> float | None:
+    """CPU seconds the database server's processes have used, if it runs on
+    this machine and /proc shows them (Linux); ``None`` otherwise. With
+    several server processes, their sum, with what their children that ended
+    used (PostgreSQL's backends of closed connections, counted by the
+    postmaster once it has reaped them)."""
     proc = Path("/proc")
     total, found = 0.0, False
     try:
@@ -155,12 +198,13 @@ def server_cpu_seconds() -> float | None:
             if not entry.name.isdigit():
                 continue
             try:
-                if (entry / "comm").read_text().strip() not in _SERVER_NAMES:
+                if (entry / "comm").read_text().strip() not in server.processes:
                     continue
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue  # gone, or not ours to read
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+            # utime + stime + cutime + cstime
+            total += sum(int(field) for field in fields[11:15]) / ticks
             found = True
     except (OSError, ValueError):
         return None
@@ -169,9 +213,21 @@ def server_cpu_seconds() -> float | None:
 
 def describe_server(engine: Engine) -> Server:
     with engine.connect() as connection:
-        version = connection.execute(text("SELECT VERSION()")).scalar_one()
-        flush = connection.execute(text("SELECT @@innodb_flush_log_at_trx_commit")).scalar_one()
-    return Server(str(version), str(flush), bool(getattr(engine.dialect, "is_mariadb", False)))
+        version = str(connection.execute(text("SELECT VERSION()")).scalar_one())
+        if _postgresql(engine):
+            setting = "synchronous_commit"
+            value = connection.execute(text("SHOW synchronous_commit")).scalar_one()
+            name, port = "PostgreSQL", 5432
+            processes: tuple[str, ...] = ("postgres",)
+            # Its version string goes on with the platform, after " on ".
+            version = version.split(" on ", maxsplit=1)[0].removeprefix("PostgreSQL ")
+        else:
+            setting = "innodb_flush_log_at_trx_commit"
+            value = connection.execute(text(f"SELECT @@{setting}")).scalar_one()
+            mariadb = bool(getattr(engine.dialect, "is_mariadb", False))
+            name = "MariaDB" if mariadb else "MySQL"
+            processes, port = ("mariadbd", "mysqld"), 3306
+    return Server(name, version, (setting, str(value)), processes, engine.url.port or port)
 
 
 def fresh_customers(count: int) -> range:

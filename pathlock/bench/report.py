@@ -15,8 +15,6 @@ Trace = dict[str, list[tuple[int, float, float]]]
 """Per algorithm, every grant as (process, seconds since the round began, wait)."""
 
 INTRO = """\
-# Benchmarks
-
 Figures come from the benchmark suite, `pathlock bench` (also
 `python -m pathlock bench`), never from timed assertions in tests. Each figure is measured
 beside its baseline in the same run, in alternating rounds where that makes sense, and the
@@ -24,7 +22,10 @@ ratio is what counts: these machines are shared and noisy. The suite writes this
 again to refresh it (`pathlock bench --help`; `--quick` is a smoke test whose figures mean
 nothing). Many requests waiting on one customer are measured by `python -m pathlock.bench.crowd`,
 beside the suite: `docs/BENCHMARKS-CROWD.md`; waiters woken by PostgreSQL's notices by
-`python -m pathlock.bench.notices`: `docs/BENCHMARKS-NOTICES.md`.
+`python -m pathlock.bench.notices`: `docs/BENCHMARKS-NOTICES.md`. The suite measures a
+MySQL, MariaDB or PostgreSQL server: `docs/BENCHMARKS.md` is MariaDB's page,
+`docs/BENCHMARKS-POSTGRESQL.md` PostgreSQL's (`pathlock bench --url
+postgresql+psycopg://... --output docs/BENCHMARKS-POSTGRESQL.md`).
 
 How the figures are taken:
 
@@ -32,10 +33,11 @@ How the figures are taken:
   like app servers' processes), started once before the first experiment. Each has its own
   `PathLockManager` with default settings and its own connections.
 - Experiments 8 and 9 measure the asyncio API, `AsyncPathLockManager`
-  (`pip install 'pathlock[async]'`), in the suite's own process, on the server (through asyncmy)
-  and on a temporary SQLite file (each transaction on the loop's thread; experiment 9 also
-  through aiosqlite), each beside its baseline on the same database: the idle event loop, and
-  the synchronous `PathLockManager`.
+  (`pip install 'pathlock[async]'`), in the suite's own process, on the server (through asyncmy
+  on MySQL and MariaDB, psycopg's asyncio connection on PostgreSQL) and on a temporary SQLite
+  file (each transaction on the loop's thread; experiment 9 also through aiosqlite), each
+  beside its baseline on the same database: the idle event loop, and the synchronous
+  `PathLockManager`.
 - Times that cross processes (a request in one, a release in another) are `time.monotonic()`:
   on Linux `CLOCK_MONOTONIC` is one clock for the whole system, so they compare directly.
 - Every experiment works in fresh random customer ids and deletes its rows afterwards, bulk
@@ -114,10 +116,16 @@ def render_report(
     environment: list[tuple[str, str]],
     settings: Settings,
     sections: list[Section],
+    server: str = "MariaDB",
 ) -> str:
+    """The page: its title names ``server`` where it is not MySQL or MariaDB
+    (the page of ``docs/BENCHMARKS.md``)."""
     numbers = [section.number for section in sections]
     summary = [(str(s.number), s.title, s.goal, s.result, verdict(s.met)) for s in sections]
+    title = "# Benchmarks" if server in {"MariaDB", "MySQL"} else f"# Benchmarks on {server}"
     parts = [
+        title,
+        "",
         INTRO,
         f"## The run of {date}",
         "",

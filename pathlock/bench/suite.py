@@ -50,10 +50,11 @@ def run(
     settings = QUICK if quick else FULL
     selected = sorted(set(only)) if only else sorted(EXPERIMENTS)
     engine = create_engine(url, isolation_level="READ COMMITTED", pool_reset_on_return=None)
-    if engine.dialect.name not in {"mysql", "mariadb"}:
+    if engine.dialect.name not in {"mysql", "mariadb", "postgresql"}:
         engine.dispose()
         raise BenchError(
-            f"the benchmarks measure a MySQL/MariaDB server, not {engine.dialect.name}"
+            "the benchmarks measure a MySQL, MariaDB or PostgreSQL server, not "
+            f"{engine.dialect.name}"
         )
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     try:
@@ -78,7 +79,11 @@ def run(
         engine.dispose()
     if output is not None:
         report = render_report(
-            date=date, environment=_environment(url, server), settings=settings, sections=sections
+            date=date,
+            environment=_environment(url, server),
+            settings=settings,
+            sections=sections,
+            server=server.name,
         )
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(report, encoding="utf-8")
@@ -139,9 +144,17 @@ def _environment(url: str, server: Server) -> list[tuple[str, str]]:
         ("machine", f"{os.cpu_count()} cores, {_memory()}, {platform.platform()}"),
         ("Python", f"{platform.python_implementation()} {platform.python_version()}"),
         ("SQLAlchemy", _version("SQLAlchemy")),
+        *_drivers(server),
+        ("pathlock", _version("pathlock")),
+        ("server", f"{server.name} {server.version} at {where.host}:{server.port}"),
+        server.durability,
+    ]
+
+
+def _drivers(server: Server) -> list[tuple[str, str]]:
+    if server.name == "PostgreSQL":
+        return [("psycopg", _version("psycopg")), ("aiosqlite", _version("aiosqlite"))]
+    return [
         ("PyMySQL", _version("PyMySQL")),
         ("asyncmy, aiosqlite", f"{_version('asyncmy')}, {_version('aiosqlite')}"),
-        ("pathlock", _version("pathlock")),
-        ("server", f"{server.version} at {where.host}:{where.port or 3306}"),
-        ("innodb_flush_log_at_trx_commit", server.flush_log_at_trx_commit),
     ]

@@ -179,8 +179,8 @@ experiments:
 Each figure is printed beside its baseline, measured in the same run. The
 report goes to --output, the fairness plot ({bench.PLOT_NAME}) beside it
 (it needs matplotlib: pip install 'pathlock[bench]'). The suite needs a
-MySQL/MariaDB server of its own: it adds and deletes many rows, and
-experiment 7 reaps every expired row of the database.
+MySQL, MariaDB or PostgreSQL server of its own: it adds and deletes many
+rows, and experiment 7 reaps every expired row of the database.
 """
 )
 
@@ -525,8 +525,8 @@ def _add_bench(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         "bench",
         summary="run the benchmark suite and write its report",
         epilog=BENCH_EPILOG,
-        url_help=f"the MySQL/MariaDB server to measure (default: {bench.DEFAULT_URL}, "
-        f"not ${URL_ENV_VAR})",
+        url_help="the MySQL, MariaDB or PostgreSQL server to measure "
+        f"(default: {bench.DEFAULT_URL}, not ${URL_ENV_VAR})",
     )
     parser.add_argument(
         "--url",

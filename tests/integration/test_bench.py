@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pymysql.connections
 import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
@@ -153,6 +154,35 @@ def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_
         engine.dispose()
 
 
+def test_quick_run_on_postgresql(postgresql_url: str, tmp_path: Path) -> None:
+    """The suite on PostgreSQL: what differs from MariaDB (the floor's table,
+    round trips through psycopg, the server's processes and durability
+    setting, the asyncio driver), in the experiments that use it."""
+    report = tmp_path / "BENCHMARKS-POSTGRESQL.md"
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "pathlock", "bench", "--quick", "--only", "1,2,9"),
+            *("--url", postgresql_url, "--output", str(report)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=140,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    text = report.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmarks on PostgreSQL\n")
+    assert "| **synchronous_commit** |" in text
+    assert "| **psycopg** |" in text
+    _check_floor_naive_and_pathlock(text)
+    assert "| PostgreSQL |" in text.split("\n## 9. ")[1]
+    engine = create_engine(postgresql_url)
+    try:
+        assert not inspect(engine).has_table(FLOOR_TABLE)
+    finally:
+        engine.dispose()
+
+
 def _table(text: str, number: int) -> dict[str, dict[str, str]]:
     """Section ``number``'s table of the report: its rows by their first
     cell, each a dict from column heading to cell."""
@@ -191,17 +221,25 @@ def _check_floor_naive_and_pathlock(text: str) -> None:
     assert throughput[NAMES["floor"]]["cycles/s ÷ floor"] == times(1.0)
 
 
-def test_round_trips_per_acquire_and_release(mariadb_url: str) -> None:
+@pytest.mark.parametrize("server", ["mariadb", "postgresql"])
+def test_round_trips_per_acquire_and_release(server: str, request: pytest.FixtureRequest) -> None:
     """What experiment 1 counts: the floor's acquire + release is two
     autocommit UPDATEs, one round trip each and both committed; pathlock's is
-    three round trips on its own engine; the naive algorithm's, more. The
+    two round trips on its own engine; the naive algorithm's, more. The
     driver is as it was afterwards, after a failure too."""
-    engine = create_engine(mariadb_url, isolation_level="READ COMMITTED", pool_reset_on_return=None)
-    floors = floor_engine(mariadb_url)
+    url: str = request.getfixturevalue(f"{server}_url")
+    engine = create_engine(url, isolation_level="READ COMMITTED", pool_reset_on_return=None)
+    floors = floor_engine(url)
+    driver = engine.dialect.driver
+    exchanges = {
+        "pymysql": (pymysql.connections.Connection, "_execute_command"),
+        "psycopg": (psycopg.Connection, "wait"),
+    }
+    owner, name = exchanges[driver]
     create_floor_table(engine)
     try:
         with (
-            PathLockManager(mariadb_url, node_id="pathlock-bench-test") as manager,
+            PathLockManager(url, node_id="pathlock-bench-test") as manager,
             customers_of(engine, 2) as (ours, theirs),
         ):
             floor = Floor(floors)
@@ -222,18 +260,18 @@ def test_round_trips_per_acquire_and_release(mariadb_url: str) -> None:
             cycles: list[Callable[[], None]] = [floor_cycle, naive_cycle, pathlock_cycle]
             for cycle in cycles:
                 cycle()  # the customers' rows exist, the connections are open
-            send = pymysql.connections.Connection._execute_command
-            assert round_trips(floor_cycle, 5) == 2
-            assert round_trips(pathlock_cycle, 5) == 2
-            assert round_trips(naive_cycle, 5) > 2
-            assert pymysql.connections.Connection._execute_command is send
+            send = getattr(owner, name)
+            assert round_trips(floor_cycle, 5, driver) == 2
+            assert round_trips(pathlock_cycle, 5, driver) == 2
+            assert round_trips(naive_cycle, 5, driver) > 2
+            assert getattr(owner, name) is send
 
             def fails() -> None:
                 raise RuntimeError("boom")
 
             with pytest.raises(RuntimeError, match="boom"):
-                round_trips(fails, 1)
-            assert pymysql.connections.Connection._execute_command is send
+                round_trips(fails, 1, driver)
+            assert getattr(owner, name) is send
             assert locks.list_locks() == []
         # Every UPDATE of the floor was committed: another connection sees the 12.
         with engine.connect() as connection:
