@@ -102,6 +102,15 @@ def _run_one(bench: Bench, number: int, output: Path | None) -> Section:
     return section
 
 
+def plot_name(output: Path) -> str:
+    """The fairness plot's file name beside the report ``output``: the
+    suite's own for a report named as ``docs/BENCHMARKS.md``, else one named
+    after the report (a PostgreSQL page beside it keeps its own plot)."""
+    if output.name == "BENCHMARKS.md":
+        return PLOT_NAME
+    return f"{output.stem.lower()}-fairness.png"
+
+
 def _plot(section: Section, output: Path | None, hold: float) -> str:
     """The section's note on the plot: a link, or why there is none."""
     if output is None:
@@ -109,15 +118,14 @@ def _plot(section: Section, output: Path | None, hold: float) -> str:
     if section.trace is None:
         return "No fairness plot: no trace."
     processes = len({grant[0] for grants in section.trace.values() for grant in grants})
-    skipped = plot_fairness(
-        section.trace, output.parent / PLOT_NAME, processes=processes, hold=hold
-    )
+    name = plot_name(output)
+    skipped = plot_fairness(section.trace, output.parent / name, processes=processes, hold=hold)
     if skipped is not None:
         return f"The fairness plot was skipped: {skipped}."
     return (
         f"![Wait of every grant over time, {processes} processes, pathlock beside the naive "
         "algorithm]"
-        f"({PLOT_NAME})\n\nEach dot is one grant at {processes} processes, placed at its time "
+        f"({name})\n\nEach dot is one grant at {processes} processes, placed at its time "
         "in the round and its wait; one colour per process. Fair waiting shows as bands of "
         "the same height for every colour."
     )

@@ -177,8 +177,9 @@ experiments:
     + "".join(f"  {number}  {title}\n" for number, title in bench.EXPERIMENTS.items())
     + f"""
 Each figure is printed beside its baseline, measured in the same run. The
-report goes to --output, the fairness plot ({bench.PLOT_NAME}) beside it
-(it needs matplotlib: pip install 'pathlock[bench]'). The suite needs a
+report goes to --output, the fairness plot ({bench.PLOT_NAME}, or named
+after another report) beside it (it needs matplotlib: pip install
+'pathlock[bench]'). The suite needs a
 MySQL, MariaDB or PostgreSQL server of its own: it adds and deletes many
 rows, and experiment 7 reaps every expired row of the database.
 """
