@@ -101,19 +101,14 @@ def test_the_notices_benchmark_compares_both_ways_of_waiting(postgresql_url: str
     assert len(rows) == 4
 
 
-def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_path: Path) -> None:
-    report = tmp_path / "docs" / "BENCHMARKS.md"
+def _quick_run(url: str, report: Path, *more: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``pathlock bench --quick`` against ``url``, as a real process, its
+    report written to ``report``: the run (which must have succeeded) and
+    the report's text."""
     run = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pathlock",
-            "bench",
-            "--quick",
-            "--url",
-            mariadb_url,
-            "--output",
-            str(report),
+            *(sys.executable, "-m", "pathlock", "bench", "--quick", *more),
+            *("--url", url, "--output", str(report)),
         ],
         capture_output=True,
         text=True,
@@ -121,7 +116,12 @@ def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_
         check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
-    text = report.read_text(encoding="utf-8")
+    return run, report.read_text(encoding="utf-8")
+
+
+def test_quick_run_reports_every_experiment_and_cleans_up(mariadb_url: str, tmp_path: Path) -> None:
+    report = tmp_path / "docs" / "BENCHMARKS.md"
+    run, text = _quick_run(mariadb_url, report)
     for number, title in EXPERIMENTS.items():
         heading = f"## {number}. {title}"
         assert heading in text
@@ -159,18 +159,7 @@ def test_quick_run_on_postgresql(postgresql_url: str, tmp_path: Path) -> None:
     round trips through psycopg, the server's processes and durability
     setting, the asyncio driver), in the experiments that use it."""
     report = tmp_path / "BENCHMARKS-POSTGRESQL.md"
-    run = subprocess.run(
-        [
-            *(sys.executable, "-m", "pathlock", "bench", "--quick", "--only", "1,2,9"),
-            *("--url", postgresql_url, "--output", str(report)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=140,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
-    text = report.read_text(encoding="utf-8")
+    _, text = _quick_run(postgresql_url, report, "--only", "1,2,9")
     assert text.startswith("# Benchmarks on PostgreSQL\n")
     assert "| **synchronous_commit** |" in text
     assert "| **psycopg** |" in text
