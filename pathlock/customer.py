@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from pathlock._core import validation
 from pathlock.errors import ArgumentTypeError
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from pathlock.manager import PathLockManager
 
 
-T = TypeVar("T")
+_NO_LEASE = "blocking acquire returned no lease"
 
 
 class CustomerLocks:
@@ -87,22 +87,25 @@ class CustomerLocks:
         say).
         """
         _check_on_lost(on_lost)
-        return _granted(
-            self.manager._acquire(
-                self.customer_id,
-                paths,
-                shared,
-                timeout=timeout,
-                reason=reason,
-                ttl=ttl,
-                blocking=True,
-                on_lost=on_lost,
-                owner=owner,
-                cancel=cancel,
-                data=data,
-                shallow=shallow,
-            )
+        lease = self.manager._acquire(
+            self.customer_id,
+            paths,
+            shared,
+            timeout=timeout,
+            reason=reason,
+            ttl=ttl,
+            blocking=True,
+            on_lost=on_lost,
+            owner=owner,
+            cancel=cancel,
+            data=data,
+            shallow=shallow,
         )
+        # No call from here to the caller: a signal's handler could raise at
+        # one (Ctrl-C), and the caller would never get the lease it holds.
+        if lease is None:  # pragma: no cover - a blocking acquire returns or raises
+            raise AssertionError(_NO_LEASE)
+        return lease
 
     def try_lock_paths(
         self,
@@ -164,20 +167,21 @@ class CustomerLocks:
         :class:`DeadlockDetected`, ``cancel`` and ``data`` as for
         :meth:`lock_paths`.
         """
-        return _granted(
-            self.manager._acquire_detached(
-                self.customer_id,
-                paths,
-                shared,
-                ttl=ttl,
-                timeout=timeout,
-                reason=reason,
-                blocking=True,
-                cancel=cancel,
-                data=data,
-                shallow=shallow,
-            )
+        lease = self.manager._acquire_detached(
+            self.customer_id,
+            paths,
+            shared,
+            ttl=ttl,
+            timeout=timeout,
+            reason=reason,
+            blocking=True,
+            cancel=cancel,
+            data=data,
+            shallow=shallow,
         )
+        if lease is None:  # pragma: no cover - as in lock_paths, no call before the return
+            raise AssertionError(_NO_LEASE)
+        return lease
 
     def try_lock_detached(
         self,
@@ -268,13 +272,6 @@ class CustomerLocks:
 
     def __repr__(self) -> str:
         return f"<CustomerLocks customer_id={self.customer_id} {self.manager!r}>"
-
-
-def _granted(lease: T | None) -> T:
-    """What a blocking request returned: a lease (it returns one, or raises)."""
-    if lease is None:  # pragma: no cover - a blocking acquire returns or raises
-        raise AssertionError("blocking acquire returned no lease")
-    return lease
 
 
 def _check_on_lost(on_lost: object) -> None:

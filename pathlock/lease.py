@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -328,6 +330,16 @@ class Lease:
         else:
             self._tell_released()
 
+    def _release_later(self) -> None:
+        """An interrupt struck in ``__exit__`` before :meth:`release` began:
+        the manager deletes the rows soon, as after an interrupted release.
+        (Nothing if the release began: it saw to that itself.)"""
+        with self._release_lock:
+            if self._released or self._settled:
+                return
+            self._released = True
+        self._keeper.release_interrupted(self)
+
     def _mark_released(self) -> None:
         """The rows were deleted (or are being deleted) by the manager: a bulk
         release of this lease's owner, or the settling of a lease in doubt."""
@@ -375,8 +387,24 @@ class Lease:
     def describe_paths(self) -> str:
         return ", ".join(f"{path} ({mode})" for path, mode in self.paths)
 
-    def __enter__(self) -> Lease:
-        return self
+    # A signal's Python handler (Ctrl-C's KeyboardInterrupt) may raise where
+    # a Python function starts. Raised at the start of a Python __enter__,
+    # it would leave the lease held, never inside its with block and so
+    # never released by it. This __enter__ is made of C functions alone
+    # (property -> partial -> reduce(add, (), lease), which is the lease),
+    # and the with statement calls it with no check for signals before its
+    # block is entered. (At the start of __exit__ nothing can do the same:
+    # see "Interrupts" in docs/RELIABILITY.md.)
+    if TYPE_CHECKING:
+
+        def __enter__(self) -> Lease: ...
+
+    else:
+        __enter__ = property(
+            functools.partial(
+                functools.partial, functools.partial(functools.reduce, operator.add, ())
+            )
+        )
 
     def __exit__(
         self,
@@ -384,8 +412,16 @@ class Lease:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        lost = self._why_not_held() if self.lost else None
-        self.release()
+        released = False
+        try:
+            lost = self._why_not_held() if self.lost else None
+            self.release()
+            released = True
+        finally:
+            if not released:
+                # Interrupted before the release began (or in it): released
+                # soon, from the background.
+                self._release_later()
         if lost is not None and exc_type is None:
             # The block ran (at least partly) without the lock: the caller must
             # hear of it. If the block raised, that error is the one to see.

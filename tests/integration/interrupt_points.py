@@ -1,0 +1,113 @@
+"""Interrupts delivered, one per run, at each point of a call where CPython
+could run a signal handler: to show that no such point leaves a lock held
+that nobody can release.
+
+CPython 3.11 runs a pending signal's Python handler (which raises Ctrl-C's
+``KeyboardInterrupt``) only at a few points: when a function starts or a
+generator resumes, at a loop's backward jump, and right after a call into C
+returns. Not after a Python function returns, not between a ``with``
+statement's ``__enter__`` (in C) and its block. A tracer that interrupted at
+every line would strike where no signal can, such as between a ``with``
+block's last line and its exit; this one follows the interpreter's rule,
+within pathlock's own frames, and calls the handler of ``SIGINT`` in force
+there, so that a handler pathlock swapped in for a moment (while a connection
+goes in or out of the pool) records the signal and raises later, as it would
+for a real one.
+"""
+
+from __future__ import annotations
+
+import dis
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pathlock
+
+_ROOT = str(Path(pathlock.__file__).parent) + os.sep
+_NOT_TRACED = (_ROOT + "bench" + os.sep, _ROOT + "cli" + os.sep)
+# The jumps that close a loop, where the interpreter checks for signals
+# (all but the one inside ``yield from`` and ``await``).
+_JUMPS_BACK = frozenset(
+    code
+    for name, code in dis.opmap.items()
+    if "JUMP_BACKWARD" in name and name != "JUMP_BACKWARD_NO_INTERRUPT"
+)
+
+
+def _ours(frame: FrameType) -> bool:
+    name = frame.f_code.co_filename
+    return name.startswith(_ROOT) and not name.startswith(_NOT_TRACED)
+
+
+Point = tuple[str, str, int]
+"""Where a signal could be handled: the file (under ``pathlock/``), the
+function and the instruction's offset in it."""
+
+
+class Interrupter:
+    """Notes, in order, the points where a signal could be handled in
+    pathlock's code while it runs :meth:`run`'s function, each once however
+    often a loop passes it, and interrupts at the first passage of ``at``
+    (``None``: nowhere).
+
+    The points, each raising where the interpreter's own check would: a
+    function's start or a generator's resumption (the tracer's ``call``
+    event), a backward jump (its ``opcode`` event), and the return of a call
+    into C (the profiler's ``c_return`` event, after which the call's result
+    is dropped and the exception raised at the call)."""
+
+    def __init__(self, at: Point | None = None) -> None:
+        self.at = at
+        self.seen: dict[Point, None] = {}
+        self.struck = False
+
+    def run(self, function: Callable[[], Any]) -> Any:
+        sys.setprofile(self._profiled)
+        sys.settrace(self._called)
+        try:
+            return function()
+        finally:
+            sys.settrace(None)
+            sys.setprofile(None)
+
+    def _called(self, frame: FrameType, _event: str, _arg: Any) -> Any:
+        if self.struck or not _ours(frame):
+            return None
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        self._point(frame)  # a function's start, or a generator resumed
+        return self._traced
+
+    def _traced(self, frame: FrameType, event: str, _arg: Any) -> Any:
+        if self.struck:
+            return None
+        if event == "opcode" and frame.f_code.co_code[frame.f_lasti] in _JUMPS_BACK:
+            self._point(frame)
+        return self._traced
+
+    def _profiled(self, frame: FrameType, event: str, _arg: Any) -> None:
+        if event == "c_return" and not self.struck and _ours(frame):
+            self._point(frame)
+
+    def _point(self, frame: FrameType) -> None:
+        code = frame.f_code
+        point = (code.co_filename[len(_ROOT) :], code.co_qualname, frame.f_lasti)
+        self.seen[point] = None
+        if point != self.at:
+            return
+        self.struck = True
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+
+def describe(point: Point) -> str:
+    """``function (file, instruction offset)``."""
+    return f"{point[1]} ({point[0]}, instruction {point[2]})"

@@ -1,0 +1,158 @@
+"""Ctrl-C at every point of a call where Python could raise it.
+
+Each test runs one operation over and over, with one interrupt per run at the
+next point where CPython could run a signal handler in pathlock's code (see
+``interrupt_points.py``), and after each run asks for the same path again
+as the same owner: it must be granted, not refused as a request that waits
+for itself (a lease nobody can release) nor left waiting (rows nobody
+deletes). Afterwards no row of the customer is left and no count on its
+sentinel row is too low.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from pathlock import CustomerLocks, DetachedLease, Lease, PathLockManager
+from pathlock.schema import path_lock_waiters, path_locks
+from tests.integration.interrupt_points import Interrupter, Point, describe
+from tests.row_counts import miscounted
+
+TTL = 20.0
+# Seconds the request after an interrupted run may wait (for a release from the background).
+AGAIN = 10.0
+
+Operation = Callable[[CustomerLocks, list[Any]], None]
+
+# A generator closed early (``any()`` over a generator expression) is resumed
+# to run its exit: the tracer sees it start again and interrupts it there,
+# where a real signal would not be handled (a close resumes it with the
+# exception, without the check), and Python reports the interrupt as raised
+# in a finalizer and ignores it.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def _plain(locks: CustomerLocks, got: list[Any]) -> None:
+    got.append(locks.lock_paths("/x", timeout=5))
+    got[-1].release()
+
+
+def _with_block(locks: CustomerLocks, _got: list[Any]) -> None:
+    with locks.lock_paths("/x", timeout=5):
+        pass
+
+
+def _try_lock(locks: CustomerLocks, got: list[Any]) -> None:
+    lease = locks.try_lock_paths("/x", shared=["/y"])
+    assert lease is not None
+    got.append(lease)
+    locks.release_locks()
+
+
+def _detached(locks: CustomerLocks, got: list[Any]) -> None:
+    got.append(locks.lock_detached("/x", ttl=TTL, timeout=5))
+    locks.release_detached(got[-1].lease_id)
+
+
+def _finish(locks: CustomerLocks, got: list[Any]) -> None:
+    """What the caller does after an interrupt: finish the release of what
+    it got (calling it again finishes an interrupted release)."""
+    for lease in got:
+        if isinstance(lease, DetachedLease):
+            locks.release_detached(lease.lease_id)
+        else:
+            assert isinstance(lease, Lease)
+            lease.release()
+
+
+def _again(locks: CustomerLocks) -> None:
+    """The same owner's next request for the path."""
+    with locks.lock_paths("/x", timeout=AGAIN):
+        pass
+
+
+def _interrupt_everywhere(locks: CustomerLocks, operation: Operation) -> tuple[int, list[str]]:
+    """Run ``operation`` once per point it passes, interrupted there: the
+    number of points struck, and those after which the owner's next request
+    failed."""
+    first = Interrupter()
+    first.run(lambda: operation(locks, []))
+    todo: dict[Point, None] = dict(first.seen)
+    tried: set[Point] = set()
+    struck, failed = 0, []
+    while len(tried) < len(todo):
+        at = next(point for point in todo if point not in tried)
+        tried.add(at)
+        got: list[Any] = []
+        interrupter = Interrupter(at)
+        try:
+            interrupter.run(lambda: operation(locks, got))  # noqa: B023 - called at once
+        except KeyboardInterrupt:
+            _finish(locks, got)
+        todo.update(dict.fromkeys(interrupter.seen))  # a path first taken now
+        if not interrupter.struck:
+            continue  # not passed this time
+        struck += 1
+        try:
+            _again(locks)
+        except Exception as error:  # noqa: BLE001 - reported with the point
+            failed.append(f"{describe(at)}: {error!r}"[:300])
+            locks.release_locks()
+    return struck, failed
+
+
+def _count(engine: Engine, customer_id: int) -> tuple[int, int]:
+    with engine.connect() as connection:
+        return (
+            connection.execute(
+                select(func.count()).where(path_locks.c.customer_id == customer_id)
+            ).scalar_one(),
+            connection.execute(
+                select(func.count()).where(path_lock_waiters.c.customer_id == customer_id)
+            ).scalar_one(),
+        )
+
+
+@pytest.mark.parametrize(
+    "operation", [_plain, _try_lock, _detached], ids=["lock-release", "try-lock", "detached"]
+)
+def test_an_interrupt_anywhere_leaves_nothing_held(
+    database_url: str, customer_id: int, raw_engine: Engine, operation: Operation
+) -> None:
+    manager = PathLockManager(database_url, ttl=TTL)
+    try:
+        locks = manager.for_customer(customer_id)
+        _again(locks)  # connected, the customer's sentinel row made
+        struck, failed = _interrupt_everywhere(locks, operation)
+    finally:
+        manager.close()
+    assert failed == []
+    assert struck > 100, "the interrupts should have struck all along the call"
+    assert _count(raw_engine, customer_id) == (0, 0)
+    with raw_engine.connect() as connection:
+        assert miscounted(connection, [customer_id]) == []
+
+
+def test_a_with_block_is_released_whatever_the_interrupt_but_at_exits_start(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    """Interrupted at the very start of ``Lease.__exit__``, before any of its
+    code ran, the lease stays held (until close() here): no Python code can
+    catch that, which CPython issue 29988 describes. That one point is
+    found, which shows that this test sees a lease left held; every other
+    is harmless."""
+    manager = PathLockManager(database_url, ttl=TTL)
+    try:
+        locks = manager.for_customer(customer_id)
+        _again(locks)
+        struck, failed = _interrupt_everywhere(locks, _with_block)
+    finally:
+        manager.close()
+    assert [line.split(": ")[0] for line in failed] == ["Lease.__exit__ (lease.py, instruction 0)"]
+    assert "DeadlockDetected" in failed[0]
+    assert struck > 100
+    assert _count(raw_engine, customer_id) == (0, 0)
