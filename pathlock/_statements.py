@@ -812,6 +812,23 @@ _GRANTED = Changed() > literal_column("0")
 SET_GRANT_UNTIL = SetGrantUntil()
 
 
+def _of_lease(
+    table: Table, lease: str = "l_id", *, typed: bool = False
+) -> list[ColumnElement[bool]]:
+    """The rows of ``table`` of one lease (``:l_id``, or ``lease``) of the
+    customer, found by the lease id's index alone. The customer's condition
+    is written so that no index can serve it (``customer_id + 0``): given
+    it plainly, PostgreSQL with statistics older than the customer's rows
+    (a customer that grew from nothing since the last ANALYZE) intersected
+    the lease id's index with the customer's, reading an entry for every
+    row of the customer (100,000: 2.5 ms, twice per grant)."""
+    parameter = bindparam(lease, type_=String) if typed else bindparam(lease)
+    return [
+        table.c.lease_id == parameter,
+        table.c.customer_id + literal_column("0", BigInteger) == bindparam("c_id"),
+    ]
+
+
 def _rows_granted() -> Any:
     """How many rows the grant just before inserted for the lease ``:l_id``:
     its rows whose token is the version plus one (see
@@ -826,8 +843,7 @@ def _rows_granted() -> Any:
         select(func.count())
         .select_from(path_locks)
         .where(
-            path_locks.c.customer_id == bindparam("c_id"),
-            path_locks.c.lease_id == bindparam("l_id", type_=String),
+            *_of_lease(path_locks, typed=True),
             path_locks.c.fencing_token == customer_locks.c.version + 1,
         )
         .scalar_subquery()
@@ -1054,8 +1070,7 @@ def _own_live_rows() -> list[ColumnElement[bool]]:
     """The live rows of the request's own lease (``:l_id``): rows a release
     handed to it (Releases.release)."""
     return [
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id", type_=String),
+        *_of_lease(path_locks, typed=True),
         path_locks.c.expires_at > now(),
     ]
 
@@ -1096,14 +1111,10 @@ CREATE_SENTINEL = insert_if_absent(customer_locks).from_select(
         literal_column("0", BigInteger),
     ),
 )
-RELEASE = delete(path_locks).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.lease_id == bindparam("l_id"),
-)
+RELEASE = delete(path_locks).where(*_of_lease(path_locks))
 # The same, in a batch that also grants another lease (:l_id) its paths.
 RELEASE_BEFORE_HAND_OVER = delete(path_locks).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.lease_id == bindparam("released_l_id", type_=String),
+    *_of_lease(path_locks, "released_l_id", typed=True)
 )
 # By the owner's key only: node, pid and thread repeat across containers and
 # thread pools (see pathlock._owners).
@@ -1154,8 +1165,7 @@ HELD = (
 # How many of a lease's rows are alive by the database's clock: a holder about
 # to do something irreversible asks (Lease.ensure_held(verify=True)).
 LEASE_ALIVE = select(func.count()).where(
-    path_locks.c.customer_id == bindparam("c_id"),
-    path_locks.c.lease_id == bindparam("l_id"),
+    *_of_lease(path_locks),
     path_locks.c.expires_at > now(),
 )
 
@@ -1273,10 +1283,7 @@ DEQUEUE = delete(path_lock_waiters).where(
 DEQUEUE_IF_GRANTED = DEQUEUE.where(_GRANTED)
 # A request whose outcome is in doubt (interrupted) leaves the queue by its
 # lease id: the ticket may never have reached the client.
-FORGET_REQUEST = delete(path_lock_waiters).where(
-    path_lock_waiters.c.customer_id == bindparam("c_id"),
-    path_lock_waiters.c.lease_id == bindparam("l_id"),
-)
+FORGET_REQUEST = delete(path_lock_waiters).where(*_of_lease(path_lock_waiters))
 # The queued requests of one process and customer, kept alive together (see
 # Queue.refresh_waiters): by ticket, which is never handed out twice. A row
 # that lapsed is never revived (others may have gone ahead of it meanwhile:
@@ -1326,10 +1333,7 @@ LEASE_ROWS = (
         now().label("database_now"),
         path_locks.c.data,
     )
-    .where(
-        path_locks.c.customer_id == bindparam("c_id"),
-        path_locks.c.lease_id == bindparam("l_id"),
-    )
+    .where(*_of_lease(path_locks))
     .order_by(path_locks.c.path)
 )
 
