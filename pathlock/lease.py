@@ -120,6 +120,21 @@ class Renewals:
         return "; then ".join(said)
 
 
+_identity = functools.partial(functools.reduce, operator.add, ())
+"""``x -> x`` in C: ``reduce(add, (), x)`` is ``x``."""
+
+
+class _EnterInC(property):
+    """An ``__enter__`` that returns the instance without a Python frame.
+
+    On an instance it is a property whose getter (C) gives a call (C) that
+    returns the instance; on the class, a call that returns its argument,
+    so that ``Lease.__enter__(lease)`` and ``ExitStack.enter_context(lease)``
+    work as with a method."""
+
+    __call__ = staticmethod(_identity)
+
+
 class Lease:
     """One granted request: a set of (path, mode) pairs held together.
 
@@ -390,21 +405,16 @@ class Lease:
     # A signal's Python handler (Ctrl-C's KeyboardInterrupt) may raise where
     # a Python function starts. Raised at the start of a Python __enter__,
     # it would leave the lease held, never inside its with block and so
-    # never released by it. This __enter__ is made of C functions alone
-    # (property -> partial -> reduce(add, (), lease), which is the lease),
-    # and the with statement calls it with no check for signals before its
-    # block is entered. (At the start of __exit__ nothing can do the same:
-    # see "Interrupts" in docs/RELIABILITY.md.)
+    # never released by it. This __enter__ runs C functions only (see
+    # _EnterInC), and the with statement calls it with no check for signals
+    # before its block is entered. (At the start of __exit__ nothing can do
+    # the same: see "Interrupts" in docs/RELIABILITY.md.)
     if TYPE_CHECKING:
 
         def __enter__(self) -> Lease: ...
 
     else:
-        __enter__ = property(
-            functools.partial(
-                functools.partial, functools.partial(functools.reduce, operator.add, ())
-            )
-        )
+        __enter__ = _EnterInC(functools.partial(functools.partial, _identity))
 
     def __exit__(
         self,
