@@ -11,6 +11,7 @@ sentinel row is too low.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -155,4 +156,40 @@ def test_a_with_block_is_released_whatever_the_interrupt_but_at_exits_start(
     assert [line.split(": ")[0] for line in failed] == ["Lease.__exit__ (lease.py, instruction 0)"]
     assert "DeadlockDetected" in failed[0]
     assert struck > 100
+    assert _count(raw_engine, customer_id) == (0, 0)
+
+
+def test_a_close_interrupted_anywhere_and_called_again_leaves_nothing(
+    database_url: str, customer_id: int, raw_engine: Engine
+) -> None:
+    """``close()`` of a manager that holds a lease, interrupted at each
+    point in turn, then called again (what a program does on its way out):
+    a new manager's request for the path is granted at once."""
+
+    def opened() -> PathLockManager:
+        manager = PathLockManager(database_url, ttl=TTL)
+        manager.for_customer(customer_id).lock_paths("/x", timeout=AGAIN)
+        return manager
+
+    first = Interrupter()
+    first.run(opened().close)
+    todo: dict[Point, None] = dict(first.seen)
+    tried: set[Point] = set()
+    failed = []
+    while len(tried) < len(todo):
+        at = next(point for point in todo if point not in tried)
+        tried.add(at)
+        manager = opened()
+        interrupter = Interrupter(at)
+        with contextlib.suppress(KeyboardInterrupt):
+            interrupter.run(manager.close)
+        todo.update(dict.fromkeys(interrupter.seen))
+        manager.close()
+        with PathLockManager(database_url, ttl=TTL) as after:
+            try:
+                _again(after.for_customer(customer_id))
+            except Exception as error:  # noqa: BLE001 - reported with the point
+                failed.append(f"{describe(at)}: {error!r}"[:300])
+    assert failed == []
+    assert len(tried) > 100
     assert _count(raw_engine, customer_id) == (0, 0)
