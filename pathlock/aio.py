@@ -221,15 +221,16 @@ class AsyncPathLockManager:
         :meth:`PathLockManager.close`). Requests waiting in other tasks wake
         and raise :class:`ManagerClosed`. Idempotent."""
         core = self._core
-        closing = core._begin_close()
-        if closing is None:
+        leases = core._begin_close()
+        if leases is None:
             return
-        first, leases = closing
-        if first and self._opened:
+        # Again on a second call: a cancellation may have stopped the first
+        # before it stopped them (every step is idempotent).
+        if self._opened:
             await cast(TaskHeartbeat, core._heartbeat).aclose(core.settings.close_wait)
             # Thread joins: off the loop, which their last calls may need.
             await asyncio.to_thread(core._stop_background)
-        elif first:
+        else:
             core._stop_background()  # never started: nothing to wait for
         if self._opened:
             async with deadlines.limit(time.monotonic() + core.settings.close_time):

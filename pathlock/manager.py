@@ -493,12 +493,12 @@ class PathLockManager(DetachedLeases, Renewing, Opening):
         interpreter's exit) finishes it. Nothing of the manager is left running
         afterwards. Managers still open when the interpreter exits are closed
         then."""
-        closing = self._begin_close()
-        if closing is None:
+        leases = self._begin_close()
+        if leases is None:
             return
-        first, leases = closing
-        if first:
-            self._stop_background()
+        # Again on a second call: an interrupt may have stopped the first
+        # before it stopped them (every step is idempotent).
+        self._stop_background()
         # One bound for all of them: a database that does not answer costs
         # close() settings.close_time, not that much per lease.
 
@@ -512,19 +512,17 @@ class PathLockManager(DetachedLeases, Renewing, Opening):
         deadlines.within(time.monotonic() + self._settings.close_time, release_all)
         self._finish_close()
 
-    def _begin_close(self) -> tuple[bool, list[Lease]] | None:
+    def _begin_close(self) -> list[Lease] | None:
         """The first step of :meth:`close`: nothing is granted from now on
-        and local waiters wake. Whether this is the first close, and the
-        leases to release; ``None`` when a close finished already."""
+        and local waiters wake. The leases to release; ``None`` when a close
+        finished already."""
         with self._leases_lock:
-            first = not self._closed
             self._closed = True
             leases = list(self._leases.values())
         if self._close_done:
             return None
-        if first:
-            self._wakeups.close()
-        return first, leases
+        self._wakeups.close()
+        return leases
 
     def _stop_background(self) -> None:
         """Stop the reaper, the renewals and their threads (waits for them)."""

@@ -12,6 +12,8 @@ sentinel row is too low.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +78,12 @@ def _again(locks: CustomerLocks) -> None:
         pass
 
 
+def _left_running(manager: PathLockManager) -> list[str]:
+    """The manager's renewal threads still running after its close()."""
+    heartbeat = f"pathlock-heartbeat-{manager.node_id}"
+    return [thread.name for thread in threading.enumerate() if thread.name == heartbeat]
+
+
 def _interrupt_everywhere(locks: CustomerLocks, operation: Operation) -> tuple[int, list[str]]:
     """Run ``operation`` once per point it passes, interrupted there: the
     number of points struck, and those after which the owner's next request
@@ -94,6 +102,9 @@ def _interrupt_everywhere(locks: CustomerLocks, operation: Operation) -> tuple[i
             interrupter.run(lambda: operation(locks, got))  # noqa: B023 - called at once
         except KeyboardInterrupt:
             _finish(locks, got)
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            failed.append(f"{describe(at)}: SIGINT's handler left swapped")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         todo.update(dict.fromkeys(interrupter.seen))  # a path first taken now
         if not interrupter.struck:
             continue  # not passed this time
@@ -164,7 +175,10 @@ def test_a_close_interrupted_anywhere_and_called_again_leaves_nothing(
 ) -> None:
     """``close()`` of a manager that holds a lease, interrupted at each
     point in turn, then called again (what a program does on its way out):
-    a new manager's request for the path is granted at once."""
+    none of its threads is left running, and a new manager's request for
+    the path is granted at once. (Interrupted after it marked the manager
+    closed and before it stopped the renewals' thread, the second call took
+    the close for done and left that thread running.)"""
 
     def opened() -> PathLockManager:
         manager = PathLockManager(database_url, ttl=TTL)
@@ -185,6 +199,8 @@ def test_a_close_interrupted_anywhere_and_called_again_leaves_nothing(
             interrupter.run(manager.close)
         todo.update(dict.fromkeys(interrupter.seen))
         manager.close()
+        if _left_running(manager):
+            failed.append(f"{describe(at)}: left running: {_left_running(manager)}")
         with PathLockManager(database_url, ttl=TTL) as after:
             try:
                 _again(after.for_customer(customer_id))
