@@ -26,8 +26,7 @@ import _thread
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -172,19 +171,41 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
             raise raised
 
 
-@contextmanager
-def let_through() -> Iterator[None]:
+class let_through:  # noqa: N801 - used like a function: ``with let_through():``
     """Within :class:`held_back`, let signals be handled again for the block:
     for a wait on the network, which a Ctrl-C must be able to end. Signals
-    held back so far are handled first."""
-    block = _state.current
-    if block is None or _thread.get_ident() != _main[0]:
-        yield
-        return
-    try:
-        block.__exit__(None, None, None)  # may raise a held-back signal
-        yield
-    finally:
+    held back so far are handled first.
+
+    A class, not a generator: a generator's ``finally`` that held signals
+    back again would run whenever the generator is collected if an
+    interrupt struck at the start of the ``with`` block's exit (signals are
+    let through there), long after the block it belonged to had ended; that
+    block then stayed in force for good, its handlers swapped in and its
+    held signals replayed at some later call."""
+
+    __slots__ = ("_block",)
+
+    def __enter__(self) -> let_through:
+        block = _state.current
+        self._block = None
+        if block is None or _thread.get_ident() != _main[0]:
+            return self
+        try:
+            block.__exit__(None, None, None)  # may raise a held-back signal
+        except BaseException:
+            block.__enter__()  # held back again for the pool's clean-up
+            raise
+        self._block = block
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _error: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
         # On the way out of an interrupted connect, too: the pool's clean-up
         # (and the held_back block's end) follow.
-        block.__enter__()
+        block, self._block = self._block, None
+        if block is not None:
+            block.__enter__()

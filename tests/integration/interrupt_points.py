@@ -57,7 +57,8 @@ class Interrupter:
 
     The points, each raising where the interpreter's own check would: a
     function's start or a generator's resumption (the tracer's ``call``
-    event), a backward jump (its ``opcode`` event), and the return of a call
+    event; also that of a function of another module called from
+    pathlock's code), a backward jump (its ``opcode`` event), and the return of a call
     into C (the profiler's ``c_return`` event, after which the call's result
     is dropped and the exception raised at the call)."""
 
@@ -76,7 +77,14 @@ class Interrupter:
             sys.setprofile(None)
 
     def _called(self, frame: FrameType, _event: str, _arg: Any) -> Any:
-        if self.struck or not _ours(frame):
+        if self.struck:
+            return None
+        if not _ours(frame):
+            # The start of a function of another module that pathlock's code
+            # calls (contextlib's __exit__, say) is a point too; its inside
+            # is not traced.
+            if frame.f_back is not None and _ours(frame.f_back):
+                self._point(frame)
             return None
         frame.f_trace_opcodes = True
         frame.f_trace_lines = False
@@ -96,7 +104,9 @@ class Interrupter:
 
     def _point(self, frame: FrameType) -> None:
         code = frame.f_code
-        point = (code.co_filename[len(_ROOT) :], code.co_qualname, frame.f_lasti)
+        name = code.co_filename
+        place = name[len(_ROOT) :] if _ours(frame) else name.rsplit(os.sep, 1)[-1]
+        point = (place, code.co_qualname, frame.f_lasti)
         self.seen[point] = None
         if point != self.at:
             return

@@ -4,6 +4,7 @@ handler stays swapped."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -146,3 +147,24 @@ def test_a_child_forked_by_another_thread_holds_signals_back_in_that_thread() ->
     thread.join(30)
     assert status, "the child was not waited for"
     assert os.waitstatus_to_exitcode(status[0]) == 0
+
+
+@pytest.mark.usefixtures("raising_handler")
+def test_a_let_through_whose_exit_never_ran_holds_nothing_back_later() -> None:
+    """An interrupt at the very start of let_through's exit (signals are let
+    through there) means its exit never runs; the exception then passes the
+    enclosing block's end. When let_through was a generator, its ``finally``
+    ran whenever the generator was collected, after that end, and put the
+    block back in force for good: SIGUSR1's handler stayed swapped, and a
+    later let_through restored stale handlers and replayed stale signals
+    (KeyboardInterrupt in close(), long after the timer that sent it)."""
+    block = interrupts.held_back()
+    block.__enter__()
+    through = interrupts.let_through()
+    through.__enter__()  # ... and its __exit__ never runs
+    block.__exit__(None, None, None)  # the interrupt passes the block's end
+    del through
+    gc.collect()
+    assert signal.getsignal(signal.SIGUSR1) is _raise
+    with pytest.raises(Interrupted):
+        _signal_self()
