@@ -9,9 +9,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, func, select
+from sqlalchemy import Connection, Engine, Table, and_, func, select
 
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks
+
+
+def rows_of(engine: Engine, customer_id: int) -> tuple[int, int]:
+    """(lock rows, waiter rows) of a customer, live or not."""
+    with engine.connect() as connection:
+
+        def count(table: Table) -> int:
+            query = select(func.count()).where(table.c.customer_id == customer_id)
+            return int(connection.execute(query).scalar_one())
+
+        return count(path_locks), count(path_lock_waiters)
 
 
 def _rows(table: Table) -> Any:

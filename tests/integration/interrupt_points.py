@@ -9,7 +9,8 @@ returns. Not after a Python function returns, not between a ``with``
 statement's ``__enter__`` (in C) and its block. A tracer that interrupted at
 every line would strike where no signal can, such as between a ``with``
 block's last line and its exit; this one follows the interpreter's rule,
-within pathlock's own frames, and calls the handler of ``SIGINT`` in force
+within pathlock's own frames and at the start of any function they call,
+and calls the handler of ``SIGINT`` in force
 there, so that a handler pathlock swapped in for a moment (while a connection
 goes in or out of the pool) records the signal and raises later, as it would
 for a real one.
@@ -21,7 +22,7 @@ import dis
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -45,8 +46,9 @@ def _ours(frame: FrameType) -> bool:
 
 
 Point = tuple[str, str, int]
-"""Where a signal could be handled: the file (under ``pathlock/``), the
-function and the instruction's offset in it."""
+"""Where a signal could be handled: the file (under ``pathlock/``; the file's
+name alone for another module's), the function and the instruction's
+offset in it."""
 
 
 class Interrupter:
@@ -58,9 +60,9 @@ class Interrupter:
     The points, each raising where the interpreter's own check would: a
     function's start or a generator's resumption (the tracer's ``call``
     event; also that of a function of another module called from
-    pathlock's code), a backward jump (its ``opcode`` event), and the return of a call
-    into C (the profiler's ``c_return`` event, after which the call's result
-    is dropped and the exception raised at the call)."""
+    pathlock's code), a backward jump (its ``opcode`` event), and the
+    return of a call into C (the profiler's ``c_return`` event, after which
+    the call's result is dropped and the exception raised at the call)."""
 
     def __init__(self, at: Point | None = None) -> None:
         self.at = at
@@ -118,6 +120,23 @@ class Interrupter:
             raise KeyboardInterrupt
 
 
-def describe(point: Point) -> str:
+def each_point(first: Callable[[], Any]) -> Iterator[Interrupter]:
+    """Run ``first`` once to note its points, then give an :class:`Interrupter`
+    for each point in turn, for the caller to run; a point that a later run
+    passes first is added."""
+    noted = Interrupter()
+    noted.run(first)
+    todo = dict(noted.seen)
+    tried: set[Point] = set()
+    while len(tried) < len(todo):
+        at = next(point for point in todo if point not in tried)
+        tried.add(at)
+        interrupter = Interrupter(at)
+        yield interrupter
+        todo.update(dict.fromkeys(interrupter.seen))
+
+
+def describe(point: Point | None) -> str:
     """``function (file, instruction offset)``."""
+    assert point is not None
     return f"{point[1]} ({point[0]}, instruction {point[2]})"

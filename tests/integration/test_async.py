@@ -39,6 +39,7 @@ from pathlock.schema import path_locks
 from tests.conftest import MYSQL_URL
 from tests.integration.apis import HANG
 from tests.integration.conftest import TcpProxy
+from tests.row_counts import rows_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,19 +48,6 @@ T = TypeVar("T")
 
 def run(main: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(asyncio.wait_for(main(), HANG * 2))  # type: ignore[arg-type]
-
-
-def _rows(engine: Engine, customer_id: int) -> tuple[int, int]:
-    """(lock rows, waiter rows) of the customer, expired ones included."""
-    with engine.connect() as connection:
-        locks = connection.execute(
-            text("SELECT COUNT(*) FROM path_locks WHERE customer_id = :c"), {"c": customer_id}
-        ).scalar()
-        waiters = connection.execute(
-            text("SELECT COUNT(*) FROM path_lock_waiters WHERE customer_id = :c"),
-            {"c": customer_id},
-        ).scalar()
-    return int(locks or 0), int(waiters or 0)
 
 
 def _manager(url: str, **options: Any) -> AsyncPathLockManager:
@@ -170,7 +158,7 @@ def test_a_task_cancelled_while_it_waits_leaves_the_queue(
                 await waiting
             # Gone before the cancellation reached the caller.
             assert await manager.list_waiters(customer_id) == []
-            assert _rows(raw_engine, customer_id) == (1, 0)
+            assert rows_of(raw_engine, customer_id) == (1, 0)
             await holder.release()
 
     run(main)
@@ -196,7 +184,7 @@ def test_asyncio_timeout_works_like_timeout(
             with pytest.raises(TimeoutError):
                 await asyncio.create_task(wait())
             assert await manager.list_waiters(customer_id) == []
-            assert _rows(raw_engine, customer_id) == (1, 0)
+            assert rows_of(raw_engine, customer_id) == (1, 0)
             await holder.release()
 
     run(main)
@@ -229,7 +217,7 @@ def test_a_request_cancelled_at_any_step_leaves_nothing_behind(
         async with _manager(database_url) as manager:
             locks = manager.for_customer(customer_id)
             await _cancelled_after(locks, steps)
-            assert _rows(raw_engine, customer_id) == (0, 0)
+            assert rows_of(raw_engine, customer_id) == (0, 0)
 
             async def other() -> AsyncLease | None:
                 return await locks.try_lock_paths("/")
@@ -262,7 +250,7 @@ def test_a_cancellation_lets_the_attempt_under_way_finish(
             event.listen(manager._core.engine, "connect", lambda *_: opened.append(None))
             await _cancelled_after(locks, steps)
             assert opened == []
-            assert _rows(raw, customer_id) == (0, 0)
+            assert rows_of(raw, customer_id) == (0, 0)
 
     try:
         run(main)
@@ -301,7 +289,7 @@ def test_an_attempt_left_waiting_for_the_file_by_a_cancelled_task_grants_nothing
                 writer.close()
             # The attempt's thread takes the write lock now, and stops.
             await asyncio.sleep(0.5)
-            assert _rows(raw, customer_id) == (0, 0)
+            assert rows_of(raw, customer_id) == (0, 0)
             lease = await asyncio.create_task(locks.try_lock_paths("/a"))
             assert lease is not None
             await lease.release()
@@ -346,7 +334,7 @@ def test_a_grant_committed_on_its_thread_after_the_task_was_cancelled_is_undone(
             with pytest.raises(asyncio.CancelledError):
                 await request
             await asyncio.sleep(1.0)  # the COMMIT lands; the clean-up follows it
-            assert _rows(raw, customer_id) == (0, 0)
+            assert rows_of(raw, customer_id) == (0, 0)
 
     try:
         run(main)
@@ -426,14 +414,14 @@ def test_a_cancelled_release_still_releases(
                     # The release (one round trip) was over within these
                     # turns of the loop: later points are past its end.
                     await releasing
-                    assert _rows(raw_engine, customer_id) == (0, 0)
+                    assert rows_of(raw_engine, customer_id) == (0, 0)
                     break
                 releasing.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await releasing
                 in_flight += steps > 0
                 deadline = time.monotonic() + HANG
-                while _rows(raw_engine, customer_id) != (0, 0):
+                while rows_of(raw_engine, customer_id) != (0, 0):
                     assert time.monotonic() < deadline, "the manager did not finish the release"
                     await asyncio.sleep(0.01)
             # On SQLite a release's transaction runs within one step of the
@@ -538,7 +526,7 @@ def test_close_wakes_waiting_tasks(database_url: str, customer_id: int, raw_engi
         with pytest.raises(ManagerClosed):
             await waiting
         assert holder.lost  # closed while held: the holder hears of it
-        assert _rows(raw_engine, customer_id) == (0, 0)
+        assert rows_of(raw_engine, customer_id) == (0, 0)
         with pytest.raises(ManagerClosed):
             manager.for_customer(customer_id)
         await manager.aclose()  # idempotent

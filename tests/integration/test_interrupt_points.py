@@ -18,12 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from pathlock import CustomerLocks, DetachedLease, Lease, PathLockManager
-from pathlock.schema import path_lock_waiters, path_locks
-from tests.integration.interrupt_points import Interrupter, Point, describe
-from tests.row_counts import miscounted
+from tests.integration.interrupt_points import describe, each_point
+from tests.row_counts import miscounted, rows_of
 
 TTL = 20.0
 # Seconds the request after an interrupted run may wait (for a release from the background).
@@ -88,45 +87,25 @@ def _interrupt_everywhere(locks: CustomerLocks, operation: Operation) -> tuple[i
     """Run ``operation`` once per point it passes, interrupted there: the
     number of points struck, and those after which the owner's next request
     failed."""
-    first = Interrupter()
-    first.run(lambda: operation(locks, []))
-    todo: dict[Point, None] = dict(first.seen)
-    tried: set[Point] = set()
     struck, failed = 0, []
-    while len(tried) < len(todo):
-        at = next(point for point in todo if point not in tried)
-        tried.add(at)
+    for interrupter in each_point(lambda: operation(locks, [])):
         got: list[Any] = []
-        interrupter = Interrupter(at)
         try:
             interrupter.run(lambda: operation(locks, got))  # noqa: B023 - called at once
         except KeyboardInterrupt:
             _finish(locks, got)
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            failed.append(f"{describe(at)}: SIGINT's handler left swapped")
+            failed.append(f"{describe(interrupter.at)}: SIGINT's handler left swapped")
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        todo.update(dict.fromkeys(interrupter.seen))  # a path first taken now
         if not interrupter.struck:
             continue  # not passed this time
         struck += 1
         try:
             _again(locks)
         except Exception as error:  # noqa: BLE001 - reported with the point
-            failed.append(f"{describe(at)}: {error!r}"[:300])
+            failed.append(f"{describe(interrupter.at)}: {error!r}"[:300])
             locks.release_locks()
     return struck, failed
-
-
-def _count(engine: Engine, customer_id: int) -> tuple[int, int]:
-    with engine.connect() as connection:
-        return (
-            connection.execute(
-                select(func.count()).where(path_locks.c.customer_id == customer_id)
-            ).scalar_one(),
-            connection.execute(
-                select(func.count()).where(path_lock_waiters.c.customer_id == customer_id)
-            ).scalar_one(),
-        )
 
 
 @pytest.mark.parametrize(
@@ -144,7 +123,7 @@ def test_an_interrupt_anywhere_leaves_nothing_held(
         manager.close()
     assert failed == []
     assert struck > 100, "the interrupts should have struck all along the call"
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
     with raw_engine.connect() as connection:
         assert miscounted(connection, [customer_id]) == []
 
@@ -167,7 +146,7 @@ def test_a_with_block_is_released_whatever_the_interrupt_but_at_exits_start(
     assert [line.split(": ")[0] for line in failed] == ["Lease.__exit__ (lease.py, instruction 0)"]
     assert "DeadlockDetected" in failed[0]
     assert struck > 100
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 def test_a_close_interrupted_anywhere_and_called_again_leaves_nothing(
@@ -185,27 +164,21 @@ def test_a_close_interrupted_anywhere_and_called_again_leaves_nothing(
         manager.for_customer(customer_id).lock_paths("/x", timeout=AGAIN)
         return manager
 
-    first = Interrupter()
-    first.run(opened().close)
-    todo: dict[Point, None] = dict(first.seen)
-    tried: set[Point] = set()
-    failed = []
-    while len(tried) < len(todo):
-        at = next(point for point in todo if point not in tried)
-        tried.add(at)
+    tried, failed = 0, []
+    for interrupter in each_point(opened().close):
+        tried += 1
         manager = opened()
-        interrupter = Interrupter(at)
         with contextlib.suppress(KeyboardInterrupt):
             interrupter.run(manager.close)
-        todo.update(dict.fromkeys(interrupter.seen))
         manager.close()
+        at = describe(interrupter.at)
         if _left_running(manager):
-            failed.append(f"{describe(at)}: left running: {_left_running(manager)}")
+            failed.append(f"{at}: left running: {_left_running(manager)}")
         with PathLockManager(database_url, ttl=TTL) as after:
             try:
                 _again(after.for_customer(customer_id))
             except Exception as error:  # noqa: BLE001 - reported with the point
-                failed.append(f"{describe(at)}: {error!r}"[:300])
+                failed.append(f"{at}: {error!r}"[:300])
     assert failed == []
-    assert len(tried) > 100
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert tried > 100
+    assert rows_of(raw_engine, customer_id) == (0, 0)

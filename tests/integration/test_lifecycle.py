@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Engine, event, func, select
+from sqlalchemy import Engine, event
 
 from pathlock import (
     CustomerLocks,
@@ -38,22 +38,10 @@ from pathlock import (
 from pathlock import _batch as batch
 from pathlock import _deadlines as deadlines
 from pathlock.dialects.base import ServerSession
-from pathlock.schema import path_lock_waiters, path_locks
+from tests.row_counts import rows_of
 
 T = TypeVar("T")
 HANG = 60.0  # seconds: only reached when something is broken
-
-
-def _count(engine: Engine, customer_id: int) -> tuple[int, int]:
-    """(lock rows, waiter rows) of a customer, live or not."""
-    with engine.connect() as connection:
-        locks = connection.execute(
-            select(func.count()).where(path_locks.c.customer_id == customer_id)
-        ).scalar_one()
-        waiters = connection.execute(
-            select(func.count()).where(path_lock_waiters.c.customer_id == customer_id)
-        ).scalar_one()
-    return int(locks), int(waiters)
 
 
 # -- close() ------------------------------------------------------------------------
@@ -85,7 +73,7 @@ def test_close_wakes_waiters_and_grants_nothing_after(
     assert len(errors) == 1
     assert isinstance(errors[0], ManagerClosed)
     assert holder.released
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 def test_a_with_block_whose_lease_close_released_raises_lease_lost(
@@ -204,7 +192,7 @@ def test_a_forked_child_cannot_release_the_parents_leases(
 
     assert _in_child(child) == 0
     lease.ensure_held()
-    assert _count(raw_engine, customer_id) == (1, 0)
+    assert rows_of(raw_engine, customer_id) == (1, 0)
     with PathLockManager(database_url) as other:
         assert other.for_customer(customer_id).try_lock_paths("/Shared/a") is None
     lease.release()
@@ -234,7 +222,7 @@ def test_forked_children_and_their_parent_share_no_connection(
     for pid in children:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -283,7 +271,7 @@ def test_a_lease_taken_in_a_forked_child_is_renewed(
         return 0 if not lost else 4
 
     assert _in_child(child) == 0
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -407,7 +395,7 @@ def test_an_interrupt_right_after_the_grants_commit_leaves_nothing(
 ) -> None:
     with _Interrupt(manager, after=True), pytest.raises(KeyboardInterrupt):
         locks.lock_paths("/Shared/a")
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
     # The same thread's next request is granted, not told it waits for itself.
     with locks.lock_paths("/Shared/a", timeout=1):
         pass
@@ -420,7 +408,7 @@ def test_an_interrupted_release_can_be_finished(
     with _Interrupt(manager, after=False), pytest.raises(KeyboardInterrupt):
         lease.release()
     lease.release()  # again: this time it happens
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
     assert not lease.lost
 
 
@@ -444,14 +432,14 @@ def test_the_rows_of_an_interrupted_release_make_their_owner_wait(
         patch.setattr(manager._store.releases, "release", interrupted)
         with pytest.raises(KeyboardInterrupt):
             lease.release()
-    assert _count(raw_engine, customer_id) == (1, 0)
+    assert rows_of(raw_engine, customer_id) == (1, 0)
     with pytest.raises(LockTimeout):  # not DeadlockDetected
         locks.lock_paths("/Shared/a", timeout=0.3)
     monkeypatch.undo()
     manager._in_doubt.settle()
     with locks.lock_paths("/Shared/a", timeout=5):
         pass
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 def test_close_finishes_an_interrupted_release(
@@ -462,7 +450,7 @@ def test_close_finishes_an_interrupted_release(
     with _Interrupt(manager, after=False), pytest.raises(KeyboardInterrupt):
         lease.release()
     manager.close()
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 @pytest.mark.parametrize("call", ["lock_paths", "try_lock_paths"])
@@ -497,7 +485,7 @@ def test_an_interrupt_after_the_grant_returned_leaves_the_owner_free_to_ask_agai
     with locks.lock_paths("/Shared/a", timeout=5) as lease:  # not DeadlockDetected
         lease.ensure_held()
     assert locks.release_locks() == 0
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 class _InterruptAfterLimit:
@@ -691,7 +679,7 @@ def test_interrupts_at_random_moments_leave_no_rows(
     database_url: str, customer_id: int, raw_engine: Engine
 ) -> None:
     _interrupted_often(_RANDOM_INTERRUPTS, database_url, customer_id, 150)
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 _INTERRUPTED_ROUNDS = textwrap.dedent(
@@ -733,7 +721,7 @@ def test_an_owner_interrupted_at_random_moments_never_deadlocks_with_itself(
     database_url: str, customer_id: int, raw_engine: Engine
 ) -> None:
     _interrupted_often(_INTERRUPTED_ROUNDS, database_url, customer_id, 120)
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 _CTRL_C_TWICE_ON_A_LOOP = textwrap.dedent(
@@ -819,7 +807,7 @@ def test_a_script_that_ends_without_close_releases_its_locks(
     subprocess.run(
         [sys.executable, "-c", script, database_url, str(customer_id)], check=True, timeout=60
     )
-    assert _count(raw_engine, customer_id) == (0, 0)
+    assert rows_of(raw_engine, customer_id) == (0, 0)
 
 
 def test_an_interrupt_as_a_call_is_counted_leaves_the_manager_usable(
