@@ -54,10 +54,13 @@ def normalize(path: object, *, case_insensitive: bool = False) -> str:
     never resolved: a lock manager cannot know what the caller meant by them.
     With ``case_insensitive`` the path is also case-folded.
     """
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)  # a PurePosixPath gives its str
-    if not isinstance(path, str):
-        raise InvalidPathType(path, f"expected a str or a path object, got {type(path).__name__}")
+    if type(path) is not str:  # not isinstance() first: an ABC's check is two Python calls
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)  # a PurePosixPath gives its str
+        if not isinstance(path, str):
+            raise InvalidPathType(
+                path, f"expected a str or a path object, got {type(path).__name__}"
+            )
     if not path:
         raise InvalidPath(path, "empty")
     if len(path) > _MAX_RAW_LENGTH:
@@ -196,7 +199,9 @@ def normalize_request(
     """
     modes: dict[str, Mode] = {}
     for mode, given in ((SHARED, shared), (EXCLUSIVE, exclusive)):
-        if isinstance(given, (str, bytes, os.PathLike)) or not _is_iterable(given):
+        if type(given) is not tuple and (  # a tuple (of lock_paths(*paths)) is fine
+            isinstance(given, (str, bytes, os.PathLike)) or not _is_iterable(given)
+        ):
             raise InvalidPathType(given, "expected an iterable of path strings")
         for raw in given:  # type: ignore[attr-defined]
             modes[normalize(raw, case_insensitive=case_insensitive)] = mode

@@ -4,7 +4,9 @@ under load) and 10 (detached leases and lookups beside 100,000 live locks)."""
 
 from __future__ import annotations
 
+import cProfile
 import os
+import pstats
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -83,6 +85,21 @@ def _latency_row(name: str, samples: list[float]) -> tuple[str, ...]:
     return (name, ms(percentile(samples, 0.5)), ms(percentile(samples, 0.99)), ms(mean(samples)))
 
 
+def _python_calls(operation: Callable[[], None], cycles: int) -> float:
+    """Python calls per call of ``operation``, over ``cycles`` calls:
+    cProfile's count of the calls this thread makes (Python functions and
+    built-in ones alike), which does not depend on the machine."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        for _ in range(cycles):
+            operation()
+    finally:
+        profile.disable()
+    calls: int = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    return calls / cycles
+
+
 def _per_cycle(total: float | None, cycles: int) -> float | None:
     return None if total is None or not cycles else total / cycles
 
@@ -142,6 +159,8 @@ class _Uncontended:
     trips: dict[Algorithm, float | None]
     """Per kind, round trips per cycle (``None``: its driver's are not
     counted)."""
+    calls: dict[Algorithm, float]
+    """Per kind, Python calls per cycle (see :func:`_python_calls`)."""
 
 
 def _run_uncontended(bench: Bench) -> _Uncontended:
@@ -176,6 +195,7 @@ def _run_uncontended(bench: Bench) -> _Uncontended:
                 else None
                 for kind in KINDS
             }
+            calls = {kind: _python_calls(operations[kind], ROUND_TRIP_CYCLES) for kind in KINDS}
     finally:
         engine.dispose()
     return _Uncontended(
@@ -188,6 +208,7 @@ def _run_uncontended(bench: Bench) -> _Uncontended:
             for kind in KINDS
         },
         trips=trips,
+        calls=calls,
     )
 
 
@@ -211,6 +232,7 @@ def uncontended(bench: Bench) -> Section:
             ms(mean(samples)),
             times(share[kind]),
             _trips(run.trips[kind]),
+            f"{run.calls[kind]:,.0f}",
             _cpu(client),
             _cpu(server),
         )
@@ -230,7 +252,9 @@ def uncontended(bench: Bench) -> Section:
         f"{settings.uncontended_per_round} per kind that take turns, after a warm-up of "
         f"{WARM_UP} of each. Round trips are the commands the driver sent per acquire + "
         f"release, counted over {ROUND_TRIP_CYCLES} more of each, untimed (several "
-        "statements sent in one query count as one). CPU is per acquire + release, over the "
+        "statements sent in one query count as one); Python calls are cProfile's count of "
+        "the calls this thread made per acquire + release (Python functions and built-in "
+        "ones alike), over as many more, untimed. CPU is per acquire + release, over the "
         "timed rounds: client CPU is this benchmark process's, server CPU the database "
         "server process's (n/a when the server does not run on this machine).",
         header=(
@@ -240,6 +264,7 @@ def uncontended(bench: Bench) -> Section:
             "mean",
             "p50 ÷ floor",
             "round trips",
+            "Python calls",
             "client CPU",
             "server CPU",
         ),
@@ -276,7 +301,9 @@ def _uncontended_meaning(
         f"pathlock, {times(share['pathlock'])} the floor's {ms(p50['floor'])}, and "
         f"{ms(p50['naive'])} ({times(share['naive'])}) with the naive algorithm. {verdict} "
         f"Per acquire + release pathlock sent {trips['pathlock']} round trips to the server, "
-        f"the floor {trips['floor']} and the naive algorithm {trips['naive']}. Pathlock used "
+        f"the floor {trips['floor']} and the naive algorithm {trips['naive']}, and made "
+        f"{run.calls['pathlock']:,.0f} Python calls, the floor {run.calls['floor']:,.0f} and "
+        f"the naive algorithm {run.calls['naive']:,.0f}. Pathlock used "
         f"{client['pathlock']} of client CPU and {server['pathlock']} of server CPU, the "
         f"floor {client['floor']} and {server['floor']}, the naive algorithm "
         f"{client['naive']} and {server['naive']}. Where the floor updates one row per "

@@ -18,13 +18,16 @@ and each column of a result set as many again to parse its description, the
 same bytes for every run of the same statement. Here a reply costs a read of
 its packets and a few calls to decode them, and a column's description
 is parsed (by PyMySQL) the first time the connection sees those bytes. Values
-are escaped and decoded by PyMySQL's own functions, as its cursor would. It
+are escaped as PyMySQL's cursor escapes them (a string by PyMySQL's own table,
+NULL and truth values inline) and decoded by PyMySQL's own functions. It
 relies on private members of PyMySQL's connection (the methods
 ``_execute_command``, ``_force_close`` and ``_escape_string``, the socket
 ``_sock``, its reader ``_rfile`` and the packets' ``_next_seq_id``, all there
-since PyMySQL 0.7): a batch is sent by ``_execute_command()``, and every
-reply packet read as PyMySQL's own ``_read_packet()`` reads it, with its
-errors, in a third of its calls. Where one of the methods is missing,
+since PyMySQL 0.7), and on the table its ``escape_string()`` translates by: a
+batch is sent by ``_execute_command()`` (its bytes as PyMySQL's
+``_write_bytes()`` sends them, the time left looked up once instead of three
+times), and every reply packet read as PyMySQL's own ``_read_packet()`` reads
+it, with its errors, in a third of its calls. Where one of these is missing,
 batches go through a cursor as on any other connection (:data:`DIRECT`).
 """
 
@@ -49,6 +52,7 @@ DIRECT = (
         for name in ("_execute_command", "_force_close", "_escape_string")
     )
     and hasattr(pymysql.connections, "TEXT_TYPES")
+    and hasattr(converters, "_escape_table")
     and hasattr(pymysql.connections, "MAX_PACKET_LEN")
 )
 """Whether this PyMySQL has what :class:`Connection` needs to read replies
@@ -66,6 +70,7 @@ _BINARY = 63  # the character set of a binary column
 _COLUMNS_KEPT = 1024  # column descriptions a connection keeps parsed
 _ERROR = 0xFF  # the first byte of an error packet
 _LONGEST = pymysql.connections.MAX_PACKET_LEN if DIRECT else 0  # a packet this long goes on
+_ESCAPES: Any = getattr(converters, "_escape_table", None)  # what escape_string() translates by
 _UNTRACKED = object()  # a socket timeout PyMySQL does not keep track of
 
 Reply = tuple[int, int | None, tuple[str, ...] | None, list[tuple[Any, ...]]]
@@ -92,7 +97,10 @@ class _TimeLeft:
     def __get__(self, connection: object, owner: type | None = None) -> Any:
         if connection is None:
             return self  # the class's attribute
-        configured: float | None = connection.__dict__.get(self._configured)
+        try:  # not .get(): a call, a dozen per cycle
+            configured: float | None = connection.__dict__[self._configured]
+        except KeyError:  # before PyMySQL's __init__ set it
+            configured = None
         current = LIMIT.get()
         if current is None:
             return configured
@@ -163,18 +171,24 @@ class Connection(BoundedConnection):
         """Send ``sql`` with ``parameters`` (by name or in order) escaped, as
         ``cursor.execute()`` would."""
         escape = self.escape
-        escape_string = (
-            self._escape_string
-            if self.server_status & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
-            else converters.escape_string  # what _escape_string() calls then
-        )
+        # As PyMySQL escapes, in one call for a string (a C method: here
+        # _escape_string() and escape_string() are two Python calls more)
+        # and none for NULL or a truth value (pathlock's statements take
+        # TRUE as 1).
+        quotes_only = self.server_status & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
         escaped: dict[str, str] | tuple[str, ...]
         if isinstance(parameters, dict):
             escaped = {
-                name: "'" + escape_string(value) + "'"
+                name: "'"
+                + (value.replace("'", "''") if quotes_only else value.translate(_ESCAPES))
+                + "'"
                 if type(value) is str
                 else str(value)
                 if type(value) is int
+                else "NULL"
+                if value is None
+                else ("1" if value else "0")
+                if type(value) is bool
                 else escape(value)
                 for name, value in parameters.items()
             }
@@ -283,6 +297,23 @@ class Connection(BoundedConnection):
         if data and data[0] == _ERROR:
             MysqlPacket(data, self.encoding).raise_for_error()
         return data
+
+    def _write_bytes(self, data: bytes) -> None:
+        """Send ``data`` as PyMySQL's ``_write_bytes()`` does, with the time
+        left looked up once (PyMySQL reads its timeout up to three times)."""
+        timeout = self._write_timeout
+        current = self._current_timeout
+        if current != timeout:
+            self._sock.settimeout(timeout)
+            if current is not _UNTRACKED:
+                self._current_timeout = timeout
+        try:
+            self._sock.sendall(data)
+        except OSError as error:
+            self._force_close()
+            raise pymysql.err.OperationalError(
+                CR.CR_SERVER_GONE_ERROR, f"MySQL server has gone away ({error!r})"
+            ) from error
 
     def _out_of_step(self, sequence: int) -> None:
         """Raise PyMySQL's error for a packet of the wrong sequence number."""

@@ -102,6 +102,21 @@ def test_text_arrives_as_given(connection: Connection, backslashes: str) -> None
     connection.rollback()
 
 
+def test_null_and_truth_values_arrive_as_given(connection: Connection) -> None:
+    """``None``, ``True`` and ``False`` escaped without PyMySQL's encoders
+    read back as its cursor would have written them."""
+    given = {"yes": True, "no": False, "none": None, "number": -7}
+    read = select(
+        *(bindparam(name, type_=None).label(name) for name in given),
+        (bindparam("none", type_=None).is_(None)).label("is_null"),
+    )
+    replies = batch.run(connection, [(read, given)], commit=False)
+    assert [tuple(row) for row in replies[0].rows] == [(1, 0, None, -7, 1)]
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor.execute("SELECT %s, %s, %s, %s, %s IS NULL", (True, False, None, -7, None))
+    assert [tuple(row) for row in replies[0].rows] == [tuple(cursor.fetchone())]
+
+
 _TYPES = """
 CREATE TABLE direct_types (
     id INT PRIMARY KEY, big BIGINT, small SMALLINT, flag TINYINT(1), price DECIMAL(12, 3),
