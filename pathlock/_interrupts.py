@@ -112,7 +112,7 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
 
     # No __init__: a block that does nothing allocates nothing.
     _active = False
-    _saved: dict[int, Handler]
+    _saved: list[tuple[int, Handler]]
     _held: list[tuple[int, FrameType | None]]
 
     def __enter__(self) -> held_back:
@@ -120,12 +120,15 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
             return self  # another thread, or inside a block that holds already
         record = self._record
         self._held = []
-        saved: dict[int, Handler] = {}
+        saved: list[tuple[int, Handler]] = []
         self._saved = saved
+        # _python_handlers(), without the call when no handler changed.
+        seen = tuple(map(_signal.getsignal, _SIGNALS))
+        handlers = _state.python if seen == _state.seen else _python_handlers()
         try:
-            for signum, handler in _python_handlers():
+            for signum, handler in handlers:
                 if handler != record:
-                    saved[signum] = handler  # before the swap: restored whatever happens
+                    saved.append((signum, handler))  # before the swap: restored whatever happens
                     _signal.signal(signum, record)
         except BaseException:
             # A signal handled before its handler was swapped raised here:
@@ -160,8 +163,8 @@ class held_back:  # noqa: N801 - used like a function: ``with held_back():``
         """Put the handlers back, every one of them even if a signal that
         arrives meanwhile raises; then raise that."""
         raised: BaseException | None = None
-        saved, self._saved = self._saved, {}
-        for signum, handler in saved.items():
+        saved, self._saved = self._saved, []
+        for signum, handler in saved:
             try:
                 _signal.signal(signum, handler)
             except BaseException as error:  # noqa: BLE001 - re-raised below
