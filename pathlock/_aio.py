@@ -62,7 +62,7 @@ from pathlock._core.schedule import Schedule
 from pathlock._heartbeat import declare_lost, renew_round, run_callback
 from pathlock._polls import Waits
 from pathlock._routing import Node
-from pathlock._transactions import THREAD, AttemptFailed
+from pathlock._transactions import THREAD, AttemptFailed, NoAnswerInTime
 from pathlock.clock import Clock
 from pathlock.dialects.base import is_async
 from pathlock.errors import BackendError
@@ -150,17 +150,6 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-class _TimedOut(Exception):
-    """The driver-level error of an attempt that ran out of time: spelled
-    like the lost connection of a socket timeout (MySQL's 2013), which every
-    dialect classifies as a node that did not answer."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(
-            2013, f"Lost connection to server during query (timed out after {seconds:.3g} s)"
-        )
-
-
 def _pool_timed_out(seconds: float) -> PoolTimeout:
     """The error of an attempt whose time ran out while it waited for a
     connection of a full pool: the one the pool raises when its own wait
@@ -174,7 +163,7 @@ def _timed_out(seconds: float) -> OperationalError:
     return OperationalError(
         "(an attempt under an asyncio timeout)",
         None,
-        _TimedOut(seconds),
+        NoAnswerInTime(f"no answer from the server (timed out after {seconds:.3g} s)"),
         connection_invalidated=True,
     )
 

@@ -135,6 +135,19 @@ class AttemptFailed(Exception):
         self.unanswered = unanswered
 
 
+class NoAnswerInTime(Exception):
+    """The driver-level error (``DBAPIError.orig``) of an attempt whose time
+    ran out where the driver itself keeps no time (the asyncio API's timer):
+    a node that did not answer in time, whatever the database, as a socket
+    timeout is to a dialect (:meth:`~pathlock.dialects.Dialect.is_timeout`)."""
+
+
+def _no_answer(error: DBAPIError) -> bool:
+    """Whether ``error`` is an attempt's that ran out of time (see
+    :class:`NoAnswerInTime`): a node failure and a timeout on every database."""
+    return isinstance(error.orig, NoAnswerInTime)
+
+
 class Runner(Protocol):
     """How a transaction's attempts and the pauses between them are carried
     out: :data:`THREAD`, on the calling thread; :class:`pathlock._aio.LoopRunner`,
@@ -416,9 +429,10 @@ class Transactions:
         """Set ``node`` aside if ``error`` says it failed; whether to try again
         at once (on another node, or on this one when it turned out to be only
         slow)."""
-        if not self.dialect.is_node_failure(error) or node in tries.failed:
+        no_answer = _no_answer(error)
+        if not (no_answer or self.dialect.is_node_failure(error)) or node in tries.failed:
             return False
-        if len(self.router.nodes) > 1 and self.dialect.is_timeout(error):
+        if len(self.router.nodes) > 1 and (no_answer or self.dialect.is_timeout(error)):
             # No answer in time: a hung node, or a statement that waited for a
             # row lock behind busy (or frozen) clients of the same customer.
             # Failing over would not help the second (the rows are the same on

@@ -5,13 +5,14 @@ database: the engines are never connected."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pymysql
 import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from pathlock import BackendError, DatabaseTimeout, Settings
+from pathlock import BackendError, DatabaseTimeout, Settings, _aio
 from pathlock._routing import Router
 from pathlock._transactions import AttemptFailed, Pause, Ping, SetAside, Transactions, Try
 
@@ -69,6 +70,29 @@ def test_a_node_that_timed_out_is_asked_before_it_is_passed_over(engines: list[E
     kept = steps.send(True)  # it answers: only slow, kept
     assert isinstance(kept, Try)
     assert kept.node is first.node
+
+
+def test_an_attempt_out_of_its_asyncio_time_is_a_node_that_did_not_answer_anywhere(
+    tmp_path: Path,
+) -> None:
+    """The asyncio API's timer raises the same error on every database: the
+    retry loop takes it for a node that did not answer, whether or not the
+    dialect knows the error (SQLite's knows no node failures of its own)."""
+    engines = [create_engine(f"sqlite:///{tmp_path / name}") for name in ("a.db", "b.db")]
+    try:
+        steps = Transactions(Router(engines)).retries("acting")
+        first = next(steps)
+        ping = steps.throw(AttemptFailed(_aio._timed_out(1.0), False))
+        assert isinstance(ping, Ping)
+        assert ping.node is first.node
+        aside = steps.send(False)  # it does not answer: set aside, the next tried
+        assert isinstance(aside, SetAside)
+        second = steps.send(None)
+        assert isinstance(second, Try)
+        assert second.node is not first.node
+    finally:
+        for engine in engines:
+            engine.dispose()
 
 
 def test_a_transient_error_pauses_then_retries_until_max_attempts(engines: list[Engine]) -> None:
