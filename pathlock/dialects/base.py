@@ -61,10 +61,14 @@ connection's session and the client address it sees, as a
 class ServerSession:
     """A connection's session on the server: its id, and the client's
     address as the server sees it (ids start again from 1 when the server
-    restarts: both must match)."""
+    restarts: both must match); where the server reuses ids while it runs
+    (PostgreSQL's are process ids), when the session began too."""
 
     id: int
     host: str
+    since: int = 0
+    """When the session began, in microseconds of the server's clock, where
+    its id alone does not tell it from a later session's; else 0."""
 
 
 CHANGED_ROWS = "pathlock_changed_rows"

@@ -300,15 +300,24 @@ class PostgreSQL(Dialect):
         # client hung up (it notices only when it answers): the session of a
         # dropped connection is ended, and waited for, before anything else
         # is written for its request (see Dialect.end_sessions).
+        # A session is known by its process id, client address and start:
+        # the process id of one that ended may be a new session's already.
         left = set(sessions)
-        while True:
-            left &= _listed(connection, left)
-            if left:
-                connection.exec_driver_sql(_TERMINATE, ([session.id for session in left],))
-            connection.rollback()
+        while left:
+            rows = connection.exec_driver_sql(
+                _TERMINATE,
+                (
+                    [session.id for session in left],
+                    [session.host for session in left],
+                    [session.since for session in left],
+                ),
+            )
+            left = {ServerSession(int(row[0]), str(row[1]), int(row[2])) for row in rows} & left
+            connection.rollback()  # the next look sees the server's sessions anew
             if not left or time.monotonic() >= ends:
-                return left
+                break
             time.sleep(0.005)
+        return left
 
 
 def _session_options(settings: Settings) -> dict[str, Any]:
@@ -380,9 +389,22 @@ def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any
         return _psycopg.connect(*cargs, **cparams)
 
 
-_SESSION = "SELECT pg_backend_pid(), COALESCE(host(inet_client_addr()), '')"
-_LISTED = "SELECT pid, COALESCE(host(client_addr), '') FROM pg_stat_activity WHERE pid = ANY(%s)"
-_TERMINATE = "SELECT pg_terminate_backend(pid) FROM unnest(%s::integer[]) AS pid"
+_SINCE = "CAST(extract(epoch FROM backend_start) * 1000000 AS bigint)"
+_SESSION = (
+    "SELECT pid, COALESCE(host(client_addr), ''), " + _SINCE + " FROM pg_stat_activity"
+    " WHERE pid = pg_backend_pid()"
+)
+# The sessions still there, each told to end (again, if it was told before):
+# found first, in a CTE of their own, so that nothing but them is told.
+_TERMINATE = (
+    "WITH found AS MATERIALIZED ("
+    "SELECT a.pid, a.host, a.since FROM ("
+    "SELECT pid, COALESCE(host(client_addr), '') AS host, " + _SINCE + " AS since"
+    " FROM pg_stat_activity) AS a"
+    " JOIN unnest(%s::integer[], %s::text[], %s::bigint[]) AS s(pid, host, since)"
+    " ON a.pid = s.pid AND a.host = s.host AND a.since = s.since)"
+    " SELECT pid, host, since, pg_terminate_backend(pid) FROM found"
+)
 
 
 def _read_session(dbapi_connection: Any, record: Any) -> None:
@@ -399,15 +421,7 @@ def _read_session(dbapi_connection: Any, record: Any) -> None:
         finally:
             cursor.close()
     if row is not None:
-        record.info[SERVER_SESSION] = ServerSession(int(row[0]), str(row[1]))
-
-
-def _listed(connection: Connection, sessions: Collection[ServerSession]) -> set[ServerSession]:
-    """Those of ``sessions`` the server still lists."""
-    if not sessions:
-        return set()
-    rows = connection.exec_driver_sql(_LISTED, ([session.id for session in sessions],))
-    return {ServerSession(int(row[0]), str(row[1])) for row in rows} & set(sessions)
+        record.info[SERVER_SESSION] = ServerSession(int(row[0]), str(row[1]), int(row[2]))
 
 
 @compiles(Now, "postgresql")

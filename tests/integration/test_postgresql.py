@@ -124,6 +124,28 @@ def test_the_session_of_a_dropped_connection_is_ended(postgresql_url: str) -> No
         victim.close()
 
 
+def test_a_new_session_that_took_a_dropped_ones_process_id_is_left_alone(
+    postgresql_url: str,
+) -> None:
+    """PostgreSQL's session ids are process ids, which the system hands out
+    again: a dropped connection's session that has ended may share its id
+    and client address with a live session of another connection. Only a
+    session that also began when the dropped one did is ended."""
+    dialect = dialects.for_name("postgresql")
+    with PathLockManager(postgresql_url, heartbeat=False) as manager:
+        engine = manager.engine
+        with engine.connect() as live, engine.connect() as other:
+            session = live.connection._connection_record.info[SERVER_SESSION]  # type: ignore[union-attr]
+            assert isinstance(session, ServerSession)
+            assert session.since > 0
+            # The ended session as it was recorded: same id, same address,
+            # begun a second before this one.
+            ended = ServerSession(session.id, session.host, session.since - 1_000_000)
+            assert dialect.end_sessions(other, [ended], time.monotonic() + 0.2) == set()
+            assert live.exec_driver_sql("SELECT 1").scalar() == 1  # still there
+            live.rollback()
+
+
 def test_a_path_longer_than_an_index_entry_locks_exactly_itself(
     postgresql_url: str, customer_id: int
 ) -> None:
