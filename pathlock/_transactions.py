@@ -474,7 +474,7 @@ class Transactions:
                 "the pathlock tables are missing: run `pathlock db upgrade` (or the Alembic "
                 "migrations, or manager.create_schema())" + self.dialect.unseen_tables
             )
-        return ""
+        return self.dialect.hint(error)
 
     def _retry_delay(self, tries: _Tries, node: Node, error: DBAPIError) -> float:
         # Time first: a retry that cannot start in time is not told as one.

@@ -517,6 +517,11 @@ class Dialect:
         """pathlock's tables are not there (no migration ran)."""
         return "no such table" in str(error.orig)
 
+    def hint(self, error: DBAPIError) -> str:  # noqa: ARG002 - a family may need it
+        """What to do about ``error``, which pathlock does not retry, where
+        the family knows (said with the error); else ``""``."""
+        return ""
+
     def is_timeout(self, error: DBAPIError) -> bool:  # noqa: ARG002
         """The driver gave up waiting for the server's reply (a socket
         timeout): a hung node, or a statement waiting for a row lock. With

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import operator
+import os
 import re
+import socket
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -83,6 +86,10 @@ _QUERY_CANCELED = "57014"  # statement_timeout ran out
 _UNDEFINED_TABLE = "42P01"
 _DUPLICATE_TABLE = "42P07"
 _UNIQUE_VIOLATION = "23505"
+# A session without the statements its connection prepared, or with one it
+# did not: behind a pooler in transaction mode.
+_DUPLICATE_PREPARED = "42P05"
+_NO_SUCH_PREPARED = "26000"
 # Class 08 (connection exceptions) and 57P01-57P03 (the server shutting down,
 # crashed, or not yet accepting connections).
 _NODE_GONE = frozenset({"57P01", "57P02", "57P03"})
@@ -123,12 +130,23 @@ SET pathlock.this_sql_is_for =
     'PostgreSQL: print the SQL for MySQL or MariaDB with --dialect mysql or --dialect mariadb';"""
 
 
+NOT_IN_FORCE = "pathlock's session settings are not in force"
+"""How the error of a connection whose startup options never reached the
+server begins."""
+POOLED_HINT = (
+    "pathlock needs each of its connections to keep one server session, with the settings "
+    "and prepared statements it gave it: connect it to PostgreSQL itself, or through a "
+    "pooler in session mode that passes the `options` startup parameter on, not through a "
+    "pooler in transaction or statement mode (PgBouncer's); see docs/DEPLOYING.md"
+)
+
 # What the server answers a connection it refuses for good (libpq passes its
 # FATAL on as text, without a SQLSTATE): no retry can cure these.
 _REFUSED = re.compile(
     r"FATAL:\s+(?:role \S+ does not exist|database \S+ does not exist"
     r"|password authentication failed|permission denied|no pg_hba\.conf entry"
-    r"|\w+ authentication failed)"
+    r"|\w+ authentication failed|unsupported startup parameter)"  # the last: PgBouncer's
+    r"|" + re.escape(NOT_IN_FORCE)
 )
 
 
@@ -229,7 +247,7 @@ class PostgreSQL(Dialect):
             # (asyncio engines: every attempt runs under an asyncio timeout.)
             event.listen(engine, "do_connect", _bounded_connect)
         self.enable_batches(engine)
-        event.listen(engine, "connect", _read_session)
+        event.listen(engine, "connect", _session_reader(settings))
         return engine
 
     def adopt(self, engine: Engine, settings: Settings) -> tuple[Engine, bool]:
@@ -253,6 +271,16 @@ class PostgreSQL(Dialect):
 
     def is_missing_table(self, error: DBAPIError) -> bool:
         return _sqlstate(error) == _UNDEFINED_TABLE
+
+    def hint(self, error: DBAPIError) -> str:
+        message = str(error.orig)
+        if (
+            _sqlstate(error) in (_DUPLICATE_PREPARED, _NO_SUCH_PREPARED)
+            or NOT_IN_FORCE in message
+            or "unsupported startup parameter" in message
+        ):
+            return POOLED_HINT
+        return ""
 
     def is_timeout(self, error: DBAPIError) -> bool:
         # A wait that ran out of the call's time (_psycopg.py), or a connect
@@ -390,9 +418,13 @@ def _bounded_connect(_dialect: object, _record: object, cargs: Any, cparams: Any
 
 
 _SINCE = "CAST(extract(epoch FROM backend_start) * 1000000 AS bigint)"
+# The session, the client's address and port as the server sees them, and
+# the settings in force that pathlock's connections ask for (in ms).
 _SESSION = (
-    "SELECT pid, COALESCE(host(client_addr), ''), " + _SINCE + " FROM pg_stat_activity"
-    " WHERE pid = pg_backend_pid()"
+    "SELECT pid, COALESCE(host(client_addr), ''), " + _SINCE + ", client_port,"
+    " (SELECT setting FROM pg_settings WHERE name = 'lock_timeout'),"
+    " (SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')"
+    " FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 )
 # The sessions still there, each told to end (again, if it was told before):
 # found first, in a CTE of their own, so that nothing but them is told.
@@ -407,10 +439,33 @@ _TERMINATE = (
 )
 
 
-def _read_session(dbapi_connection: Any, record: Any) -> None:
-    """Record the connection's session on the server (one round trip, once
-    per connection): what ends it if the connection is dropped in the middle
-    of an operation (:meth:`PostgreSQL.end_sessions`)."""
+def _session_reader(settings: Settings) -> Callable[[Any, Any], None]:
+    """The ``connect`` listener of an engine pathlock opens with
+    ``settings``: one round trip, once per connection, that checks the
+    session's settings and records the session (:func:`_read_session`)."""
+    wanted = (str(settings.lock_wait_timeout * 1000), str(settings.idle_transaction_timeout * 1000))
+
+    def read(dbapi_connection: Any, record: Any) -> None:
+        _read_session(dbapi_connection, record, wanted)
+
+    return read
+
+
+def _read_session(dbapi_connection: Any, record: Any, wanted: tuple[str, str]) -> None:
+    """Check that the session's ``lock_timeout`` and
+    ``idle_in_transaction_session_timeout`` are the ``wanted`` ones (in ms),
+    which the connection's startup options set, and record the session on
+    the server: what ends it if the connection is dropped in the middle of
+    an operation (:meth:`PostgreSQL.end_sessions`), where the connection is
+    the server's own.
+
+    A pooler between pathlock and the server drops the startup options (or
+    refuses them, and the connection), and hands a connection's transactions
+    to server sessions that other clients use too: ending such a session
+    would end theirs. Options dropped fail the connection (the server's row
+    locks would be waited for without end, and a frozen client would hold
+    its customer for hours); where the server sees another address or port
+    than this connection's own (a proxy's), no session is recorded."""
     with interrupts.let_through():
         cursor = dbapi_connection.cursor()
         try:
@@ -420,8 +475,43 @@ def _read_session(dbapi_connection: Any, record: Any) -> None:
             dbapi_connection.rollback()
         finally:
             cursor.close()
-    if row is not None:
+    if row is None:
+        return
+    in_force = (str(row[4]), str(row[5]))
+    if in_force != wanted:
+        dbapi_connection.close()
+        raise _not_in_force(in_force, wanted)
+    if _direct(dbapi_connection, str(row[1]), row[3]):
         record.info[SERVER_SESSION] = ServerSession(int(row[0]), str(row[1]), int(row[2]))
+
+
+def _not_in_force(in_force: tuple[str, str], wanted: tuple[str, str]) -> Exception:
+    import psycopg  # noqa: PLC0415 - an extra, imported with the engine
+
+    return psycopg.OperationalError(
+        f"{NOT_IN_FORCE}: the server says lock_timeout={in_force[0]} ms and "
+        f"idle_in_transaction_session_timeout={in_force[1]} ms, the connection asked for "
+        f"{wanted[0]} ms and {wanted[1]} ms (its startup options did not reach the server: "
+        "a pooler in between?)"
+    )
+
+
+def _direct(dbapi_connection: Any, host: str, port: int | None) -> bool:
+    """Whether the server sees this connection's own address and port as
+    its client's: no proxy or pooler in between. A connection over a Unix
+    socket counts as direct (the server sees no port)."""
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+    try:
+        with socket.socket(fileno=os.dup(driver.pgconn.socket)) as own:
+            local = own.getsockname()
+    except (OSError, AttributeError):
+        return False  # not told: nothing recorded, nothing ever ended
+    if not isinstance(local, tuple):  # a Unix socket
+        return port is None or port < 0
+    try:
+        return port == local[1] and ipaddress.ip_address(host) == ipaddress.ip_address(local[0])
+    except ValueError:
+        return False
 
 
 @compiles(Now, "postgresql")
