@@ -3,7 +3,8 @@ options, its database, its events, and the state of the process it runs in
 (leases held, leases in doubt, background threads), declared once for the
 modules that each carry one job of the manager (:mod:`pathlock._holding`,
 :mod:`pathlock._renewal`, :mod:`pathlock._requesting`,
-:mod:`pathlock._detached`), and the checks every call makes."""
+:mod:`pathlock._detached`, :mod:`pathlock._opening`,
+:mod:`pathlock._operating`), and the checks every call makes."""
 
 from __future__ import annotations
 
