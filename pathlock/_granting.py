@@ -35,30 +35,29 @@ from pathlock._parameters import (
 from pathlock._picture import Picture, deadlock_of
 from pathlock._queue import leave
 from pathlock._round_trips import Steps, commit, until
-from pathlock._statements import (
+from pathlock._statements.conflicts import Shape, shape
+from pathlock._statements.grants import (
     CLAIM,
     CLAIM_IF_GRANTED,
-    DEQUEUE,
-    DEQUEUE_IF_GRANTED,
-    ENQUEUE,
-    ENQUEUED,
-    LEAN_CLAIM,
     LOCK_AND_READ_SENTINEL,
     LOCK_SENTINEL,
     LOCKS_ADDED,
     LOCKS_REMOVED,
-    RELEASE,
     SET_GRANT_UNTIL,
-    TAKE_UP,
     UNBUMP,
     WAITER_QUEUED,
     WAITERS_REMOVED,
-    Shape,
+    grant_statement,
+)
+from pathlock._statements.lean import LEAN_CLAIM, lean_grant
+from pathlock._statements.leases import RELEASE, TAKE_UP
+from pathlock._statements.queue import (
+    DEQUEUE,
+    DEQUEUE_IF_GRANTED,
+    ENQUEUE,
+    ENQUEUED,
     enqueue_if_blocked,
     enqueue_paths,
-    grant_statement,
-    lean_grant,
-    shape,
 )
 from pathlock._transactions import Transactions, delete_counted
 from pathlock.dialects._commits import may_commit
@@ -222,7 +221,7 @@ class Grants:
     def _grant_lean(self, connection: Connection, request: GrantRequest) -> Granted | None:
         """A request's first attempt, granted without the conflict and queue
         searches where the customer has no lock or queue row at all (its
-        counts say so: see ``LEAN_CLAIM`` in :mod:`pathlock._statements`): in
+        counts say so: see ``LEAN_CLAIM`` in :mod:`pathlock._statements.lean`): in
         one round trip, its COMMIT included. ``None`` if the customer has
         rows (or untrusted counts, or no sentinel row yet, or the other case
         rule): nothing was written, and the transaction is over; the caller
@@ -387,7 +386,7 @@ class Grants:
             steps += Picture.steps(request, parameters)
         elif dequeued:
             # Its queue row goes in the same round trip if the grant inserted
-            # (LOCKS_ADDED matched a row: see _counted in _statements).
+            # (LOCKS_ADDED matched a row: see _counted in pathlock._statements.grants).
             dequeue = {"c_id": request.customer_id, "l_id": request.lease_id, "w_ticket": ticket}
             steps += [(DEQUEUE_IF_GRANTED, dequeue), (WAITERS_REMOVED, dequeue)]
         bumped, granted, _, *reads = batch.run(connection, steps)

@@ -20,23 +20,21 @@ from pathlock._core.hints import Heir, Hints, well_formed
 from pathlock._core.records import GrantRequest, item_row, waiter_info
 from pathlock._parameters import grant_parameters
 from pathlock._round_trips import Steps, until
-from pathlock._statements import (
+from pathlock._statements.conflicts import shape
+from pathlock._statements.grants import (
     BUMP_IF_UNMOVED,
     BUMP_UNLESS_HANDED,
     CLAIM_IF_GRANTED,
-    DEQUEUE_IF_GRANTED,
-    HAND_OVER_WAITERS,
     LOCK_AND_READ_SENTINEL,
     LOCK_SENTINEL,
     LOCKS_REMOVED,
-    QUEUE_ITEM,
-    RELEASE_BEFORE_HAND_OVER,
     SET_GRANT_UNTIL,
     WAITERS_REMOVED,
     WAKE_HEIR,
     grant_statement,
-    shape,
 )
+from pathlock._statements.leases import RELEASE_BEFORE_HAND_OVER
+from pathlock._statements.queue import DEQUEUE_IF_GRANTED, HAND_OVER_WAITERS, QUEUE_ITEM
 from pathlock._transactions import Transactions
 from pathlock.errors import PathLockError
 from pathlock.types import PathMode, WaiterInfo

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pathlock._core.records import GrantRequest, queued_json
-from pathlock._statements import NO_TICKET, conflict_parameters
+from pathlock._statements.common import NO_TICKET
+from pathlock._statements.conflicts import conflict_parameters
 
 
 def grant_parameters(request: GrantRequest, ticket: int | None) -> dict[str, Any]:

@@ -27,23 +27,18 @@ from pathlock._core.records import (
     lock_info,
     waiter_info,
 )
-from pathlock._statements import (
+from pathlock._statements.common import LOCK_ITEM, MAX_BLOCKERS
+from pathlock._statements.conflicts import blocker_items, blockers_query, shape
+from pathlock._statements.leases import OWN_ROWS, OWN_ROWS_LEFT
+from pathlock._statements.lookups import OWNER_LOCK_ITEMS, OWNER_LOCKS
+from pathlock._statements.queue import (
     LIVE_WAITER_ITEMS,
     LIVE_WAITER_ITEMS_IF_OWNER_HOLDS,
     LIVE_WAITERS,
-    LOCK_ITEM,
     MAX_AHEAD,
-    MAX_BLOCKERS,
     MAX_WAITERS,
-    OWN_ROWS,
-    OWN_ROWS_LEFT,
-    OWNER_LOCK_ITEMS,
-    OWNER_LOCKS,
     QUEUE_ITEM,
-    blocker_items,
-    blockers_query,
     queued_in_the_way,
-    shape,
 )
 from pathlock.types import LockInfo, WaiterInfo
 

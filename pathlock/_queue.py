@@ -19,18 +19,14 @@ from pathlock._parameters import grant_parameters, take_up_parameters
 from pathlock._picture import Picture
 from pathlock._polls import Ask, SharedPolls
 from pathlock._round_trips import read_and_roll_back
-from pathlock._statements import (
+from pathlock._statements.grants import LOCK_SENTINEL, LOCKS_REMOVED, VERSION, WAITERS_REMOVED
+from pathlock._statements.leases import RELEASE, TAKE_UP
+from pathlock._statements.queue import (
     DEQUEUE,
     FORGET_REQUEST,
-    LOCK_SENTINEL,
-    LOCKS_REMOVED,
     QUEUE_ITEM,
     REFRESH_WAITERS,
-    RELEASE,
-    TAKE_UP,
-    VERSION,
     WAITERS_ALIVE,
-    WAITERS_REMOVED,
     WATCHED_HEAD,
     WATCHED_LEASES,
     WATCHED_LEASES_LEFT,

@@ -16,16 +16,10 @@ from pathlock import _handing_over as handing_over
 from pathlock._core.hints import Heir, Hints
 from pathlock._handing_over import HandOver, QueueHead
 from pathlock._round_trips import read_and_roll_back
-from pathlock._statements import (
-    BUMP,
-    COUNTED_DOWN_OR_QUEUED,
-    LOCK_AND_READ_SENTINEL,
-    LOCKS_REMOVED,
-    QUEUE_HEAD,
-    RELEASE,
-    RELEASE_OWNER,
-    release_said,
-)
+from pathlock._statements.grants import BUMP, LOCK_AND_READ_SENTINEL, LOCKS_REMOVED
+from pathlock._statements.lean import COUNTED_DOWN_OR_QUEUED, release_said
+from pathlock._statements.leases import RELEASE, RELEASE_OWNER
+from pathlock._statements.queue import QUEUE_HEAD
 from pathlock._transactions import Transactions, delete_counted
 from pathlock.types import Owner, PathMode
 

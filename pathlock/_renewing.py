@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection
 
-from pathlock._statements import CLAIM_SENTINELS, HELD, LEASE_ALIVE, LOCK_SENTINELS, RENEW
+from pathlock._statements.leases import CLAIM_SENTINELS, HELD, LEASE_ALIVE, LOCK_SENTINELS, RENEW
 from pathlock._transactions import Transactions
 
 

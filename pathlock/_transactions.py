@@ -22,7 +22,7 @@ from pathlock import events
 from pathlock._core.flow import drive
 from pathlock._polls import THREADS, Waits
 from pathlock._routing import Node, Router
-from pathlock._statements import (
+from pathlock._statements.grants import (
     BUMP,
     BUMP_RETURNING,
     CASE_RULE,

@@ -14,13 +14,13 @@ from sqlalchemy import Connection, Delete, Select, select
 from sqlalchemy.exc import DBAPIError
 
 from pathlock._core.records import as_utc, given_data, lock_info, waiter_info
-from pathlock._statements import (
+from pathlock._statements.common import LOCK_COLUMNS, now
+from pathlock._statements.conflicts import NO_PATH
+from pathlock._statements.grants import LOCKS_REMOVED, WAITERS_REMOVED
+from pathlock._statements.lookups import LEASE_CUSTOMER, LEASE_ROWS, locks_on
+from pathlock._statements.queue import WAITER_COLUMNS
+from pathlock._statements.upkeep import (
     HOLD_SENTINELS,
-    LEASE_CUSTOMER,
-    LEASE_ROWS,
-    LOCK_COLUMNS,
-    LOCKS_REMOVED,
-    NO_PATH,
     NODE_CUSTOMERS,
     REAP_LOCKS,
     REAP_WAITERS,
@@ -28,11 +28,7 @@ from pathlock._statements import (
     RELEASE_NODE,
     RELEASE_NODE_WAITERS,
     UNCOUNTED,
-    WAITER_COLUMNS,
-    WAITERS_REMOVED,
     counted_down,
-    locks_on,
-    now,
 )
 from pathlock._transactions import Transactions, delete_counted
 from pathlock.paths import ancestors as ancestors_of

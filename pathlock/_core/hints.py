@@ -30,7 +30,7 @@ attempt that says who is in the way."""
 
 BUSY_FOR = 2.0
 """Seconds for which a customer whose grant without searches was refused (it
-had rows: see ``LEAN_CLAIM`` in :mod:`pathlock._statements`) is granted the
+had rows: see ``LEAN_CLAIM`` in :mod:`pathlock._statements.lean`) is granted the
 searching way: a refusal costs a round trip."""
 
 KEPT = 4096

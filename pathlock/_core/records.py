@@ -123,7 +123,7 @@ _TIMES = ("created_at", "expires_at")
 
 def item_row(names: Sequence[str], item: str | bytes) -> Any:
     """A row of a read that returns each row as one JSON array of ``names``
-    (see :func:`pathlock._statements.items`): its columns as attributes, as
+    (see :func:`pathlock._statements.common.items`): its columns as attributes, as
     a row has them (times in the server's text form are parsed)."""
     return values_row(names, json.loads(item))
 

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import URL, Engine, bindparam, create_engine, delete, insert, select, text
 from sqlalchemy.engine.default import DefaultDialect
 
-from pathlock._statements import now
+from pathlock._statements.common import now
 from pathlock.bench import BenchError
 from pathlock.schema import customer_locks, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE

@@ -29,14 +29,9 @@ import time
 
 from sqlalchemy import BigInteger, Engine, bindparam, delete, insert, select, update
 
-from pathlock._statements import (
-    CREATE_SENTINEL,
-    blockers_query,
-    conflict_parameters,
-    now,
-    now_plus,
-    shape,
-)
+from pathlock._statements.common import now, now_plus
+from pathlock._statements.conflicts import blockers_query, conflict_parameters, shape
+from pathlock._statements.grants import CREATE_SENTINEL
 from pathlock.schema import customer_locks, path_locks
 from pathlock.types import EXCLUSIVE, PathMode
 from pathlock.waiting import ReverseExponentialBackoff

@@ -35,7 +35,7 @@ from pathlock._backends import URL_ENV_VAR, default_database, open_engine
 from pathlock._core.limits import REASON_LENGTH
 from pathlock._embedded import upgrade_on_open
 from pathlock._owners import process_user
-from pathlock._statements import now
+from pathlock._statements.common import now
 from pathlock.bench.stats import count
 from pathlock.cli import listing
 from pathlock.cli.arguments import EXIT_ERROR, build_parser, version

@@ -35,7 +35,7 @@ from pathlock import (
 from pathlock import _backends as backends
 from pathlock import _batch as batch
 from pathlock._backends import CONFIG_ENV_VAR, URL_ENV_VAR
-from pathlock._statements import BUMP, CREATE_SENTINEL
+from pathlock._statements.grants import BUMP, CREATE_SENTINEL
 from pathlock.schema import REVISION, customer_locks, path_lock_waiters, path_locks
 
 

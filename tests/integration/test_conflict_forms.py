@@ -24,14 +24,10 @@ from sqlalchemy import Connection, Engine, delete, insert, select
 
 from pathlock._core.records import GrantRequest
 from pathlock._parameters import grant_parameters
-from pathlock._statements import (
-    blockers_query,
-    conflict_parameters,
-    grant_statement,
-    now,
-    queued_in_the_way,
-    shape,
-)
+from pathlock._statements.common import now
+from pathlock._statements.conflicts import blockers_query, conflict_parameters, shape
+from pathlock._statements.grants import grant_statement
+from pathlock._statements.queue import queued_in_the_way
 from pathlock.paths import conflicts, normalize_request
 from pathlock.schema import customer_locks, path_lock_waiter_paths, path_lock_waiters, path_locks
 from pathlock.types import EXCLUSIVE, SHARED, Owner, PathMode

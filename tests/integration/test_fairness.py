@@ -34,7 +34,7 @@ from pathlock import (
     PathLockManager,
     WaiterInfo,
 )
-from pathlock._statements import MAX_AHEAD
+from pathlock._statements.queue import MAX_AHEAD
 from pathlock.settings import DEFAULT as SETTINGS
 from pathlock.settings import Settings
 from tests.integration import queue_worker

@@ -29,7 +29,7 @@ from pathlock import Lease, Owner, PathLockManager, Settings
 from pathlock import _handing_over as handing_over
 from pathlock._core.records import Blocked, Deadlocked, Granted, GrantRequest
 from pathlock._handing_over import HandOver, QueueHead
-from pathlock._statements import HAND_OVER_WAITERS
+from pathlock._statements.queue import HAND_OVER_WAITERS
 from pathlock._store import Store
 from pathlock.paths import normalize_request
 from pathlock.types import PathMode

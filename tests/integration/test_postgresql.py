@@ -21,7 +21,8 @@ from sqlalchemy.pool import NullPool
 
 import pathlock.dialects
 from pathlock import BackendError, LockTimeout, PathLockManager, Settings, dialects
-from pathlock._statements import LEASE_ALIVE, LEASE_ROWS, RELEASE
+from pathlock._statements.leases import LEASE_ALIVE, RELEASE
+from pathlock._statements.lookups import LEASE_ROWS
 from pathlock.bench.database import delete_customers, insert_bulk_rows
 from pathlock.dialects.base import SERVER_SESSION, ServerSession
 from tests.integration.conftest import TcpProxy

@@ -5,6 +5,8 @@ paramstyle of the drivers it runs on, and requests of every shape."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 import pytest
@@ -18,12 +20,23 @@ from sqlalchemy.exc import CompileError
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import Executable
 
+import pathlock._statements
 from pathlock import _batch as batch
-from pathlock import _statements as statements
 from pathlock import dialects
 from pathlock._core.records import GrantRequest
 from pathlock._parameters import grant_parameters
-from pathlock._statements import NO_TICKET, blockers_query, grant_statement, shape
+from pathlock._statements.common import NO_TICKET
+from pathlock._statements.conflicts import blockers_query, shape
+from pathlock._statements.grants import (
+    CLAIM_IF_GRANTED,
+    LOCK_SENTINEL,
+    SET_GRANT_UNTIL,
+    VERSION,
+    WAKE_HEIR,
+    grant_statement,
+)
+from pathlock._statements.leases import RELEASE
+from pathlock._statements.queue import LIVE_WAITERS, MAX_WAITERS, WATCHED_TICKETS
 from pathlock.paths import normalize_request
 from pathlock.types import Owner
 
@@ -43,7 +56,7 @@ BATCHING = {
 
 
 # Statements a family sends only if it has notices (Dialect.notices).
-NOTICES_ONLY = (statements.WAKE_HEIR,)
+NOTICES_ONLY = (WAKE_HEIR,)
 
 
 def _compiled(statement: Executable, dialect: Dialect) -> SQLCompiler | None:
@@ -70,9 +83,16 @@ REQUESTS = [
 
 
 def _module_statements() -> list[Executable]:
+    """Every fixed statement of every module of :mod:`pathlock._statements`."""
+    modules = [
+        importlib.import_module(f"pathlock._statements.{module.name}")
+        for module in pkgutil.iter_modules(pathlock._statements.__path__)
+    ]
+    assert len(modules) >= 8
     return [
         value
-        for name, value in vars(statements).items()
+        for module in modules
+        for name, value in vars(module).items()
         if name.isupper() and isinstance(value, Executable)
     ]
 
@@ -136,16 +156,16 @@ def test_grants_and_conflict_queries_expand_as_sqlalchemy_expands_them(
 def test_a_value_given_replaces_the_statements_own() -> None:
     """A parameter with a value of its own in the statement (the queue's
     limit) takes the value given, when one is, as SQLAlchemy's does."""
-    compiled = statements.LIVE_WAITERS.compile(dialect=DIALECTS["pymysql"])
+    compiled = LIVE_WAITERS.compile(dialect=DIALECTS["pymysql"])
     _sql, plain = batch.expand(compiled, {"c_id": 1})
-    assert plain["waiters_limit"] == statements.MAX_WAITERS
+    assert plain["waiters_limit"] == MAX_WAITERS
     _sql, given = batch.expand(compiled, {"c_id": 1, "waiters_limit": 5})
     assert given["waiters_limit"] == 5
     assert given == _reference(compiled, {"c_id": 1, "waiters_limit": 5})[1]
 
 
 def test_a_missing_value_is_an_error_as_before() -> None:
-    compiled = statements.RELEASE.compile(dialect=DIALECTS["pymysql"])
+    compiled = RELEASE.compile(dialect=DIALECTS["pymysql"])
     batch.expand(compiled, {"c_id": 1, "l_id": "x"})  # planned
     with pytest.raises(KeyError):
         batch.expand(compiled, {"c_id": 1})
@@ -167,12 +187,12 @@ def test_a_batch_composes_as_its_statements_one_by_one(dialect: Dialect) -> None
             values = grant_parameters(request, ticket) | {"c_case": False}
             form = shape(paths)
             steps: list[tuple[Executable, dict[str, Any]]] = [
-                (statements.SET_GRANT_UNTIL, {"until_us": len(prefix)}),
-                (statements.LOCK_SENTINEL, {"c_id": 7}),
+                (SET_GRANT_UNTIL, {"until_us": len(prefix)}),
+                (LOCK_SENTINEL, {"c_id": 7}),
                 (grant_statement(form, queued=True, sentinel_after=True), values),
-                (statements.CLAIM_IF_GRANTED, {"c_id": 7, "c_case": False, "l_id": "f" * 32}),
+                (CLAIM_IF_GRANTED, {"c_id": 7, "c_case": False, "l_id": "f" * 32}),
                 (blockers_query(form), values),
-                (statements.LIVE_WAITERS, {"c_id": 7}),
+                (LIVE_WAITERS, {"c_id": 7}),
             ]
             for end in (None, "COMMIT"):
                 expected = batch._composed(dialect, _padded(steps), end=end)
@@ -220,15 +240,15 @@ def test_long_lists_are_padded_so_that_few_plans_serve_every_length(
     for length in range(101):
         tickets = list(range(1000, 1000 + length))
         steps: list[tuple[Executable, dict[str, Any]]] = [
-            (statements.VERSION, {"c_id": 7}),
-            (statements.WATCHED_TICKETS, {"c_id": 7, "tickets": tickets}),
+            (VERSION, {"c_id": 7}),
+            (WATCHED_TICKETS, {"c_id": 7, "tickets": tickets}),
         ]
         sql, parameters = batch._compose(dialect, steps, end="ROLLBACK")
         assert (sql, parameters) == batch._composed(dialect, _padded(steps), end="ROLLBACK")
         given = parameters if dialect.positional else list(parameters.values())
         assert set(given) == {7, *tickets}
         assert steps[1][1]["tickets"] == tickets  # the caller's list is left as it was
-        as_tuple = [steps[0], (statements.WATCHED_TICKETS, {"c_id": 7, "tickets": tuple(tickets)})]
+        as_tuple = [steps[0], (WATCHED_TICKETS, {"c_id": 7, "tickets": tuple(tickets)})]
         assert batch._compose(dialect, as_tuple, end="ROLLBACK") == (sql, parameters)
     assert [len(tickets) for tickets in plans] == [*range(9), 16, 32, 64, 128]
 
@@ -236,11 +256,9 @@ def test_long_lists_are_padded_so_that_few_plans_serve_every_length(
 def test_a_parameter_of_two_values_in_one_batch_is_refused() -> None:
     dialect = DIALECTS["pymysql"]
     steps: list[tuple[Executable, dict[str, Any]]] = [
-        (statements.LOCK_SENTINEL, {"c_id": 7}),
-        (statements.RELEASE, {"c_id": 7, "l_id": "x"}),
+        (LOCK_SENTINEL, {"c_id": 7}),
+        (RELEASE, {"c_id": 7, "l_id": "x"}),
     ]
     batch._compose(dialect, steps, end=None)  # planned
     with pytest.raises(ValueError, match="c_id"):
-        batch._compose(
-            dialect, [steps[0], (statements.RELEASE, {"c_id": 8, "l_id": "x"})], end=None
-        )
+        batch._compose(dialect, [steps[0], (RELEASE, {"c_id": 8, "l_id": "x"})], end=None)

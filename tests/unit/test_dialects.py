@@ -19,7 +19,9 @@ from sqlalchemy.exc import CompileError, DBAPIError, OperationalError
 from sqlalchemy.schema import CreateIndex
 
 from pathlock import InvalidArgument, dialects
-from pathlock._statements import BUMP, CREATE_SENTINEL, LOCKS_REMOVED, locks_on, now, now_plus
+from pathlock._statements.common import now, now_plus
+from pathlock._statements.grants import BUMP, CREATE_SENTINEL, LOCKS_REMOVED
+from pathlock._statements.lookups import locks_on
 from pathlock.cli.arguments import build_parser
 from pathlock.dialects import _pg_batches, base
 from pathlock.dialects.base import ASYNC_DRIVERS, CHANGED_ROWS, Dialect

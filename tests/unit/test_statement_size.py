@@ -25,14 +25,10 @@ from pathlock import InvalidArgument, PathLockError, RequestTooLarge
 from pathlock._core.records import GrantRequest, lease_data
 from pathlock._core.validation import MAX_DATA
 from pathlock._parameters import grant_parameters, waiter_parameters
-from pathlock._statements import (
-    BUMP,
-    ENQUEUE,
-    _integer_rows,
-    blockers_query,
-    grant_statement,
-    shape,
-)
+from pathlock._statements.common import _integer_rows
+from pathlock._statements.conflicts import blockers_query, shape
+from pathlock._statements.grants import BUMP, grant_statement
+from pathlock._statements.queue import ENQUEUE
 from pathlock.paths import (
     MAX_PATH_LENGTH,
     MAX_REQUEST_CHARACTERS,
