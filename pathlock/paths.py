@@ -114,7 +114,18 @@ def prefix_lengths(path: str) -> list[int]:
     >>> prefix_lengths("/")
     [1]
     """
-    return [len(ancestor) for ancestor in ancestors(path)] + [len(path)]
+    # As ancestors(), without building them: an ancestor ends where a slash
+    # begins (a path of 2,000 components has 2,000 ancestors, 8 MB of them
+    # at most: 8 ms each time a request's statements were shaped).
+    if path == "/":
+        return [1]
+    lengths = [1]
+    position = path.find("/", 1)
+    while position != -1:
+        lengths.append(position)
+        position = path.find("/", position + 1)
+    lengths.append(len(path))
+    return lengths
 
 
 def escape_like(text: str) -> str:
