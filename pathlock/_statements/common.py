@@ -196,6 +196,16 @@ def prefix_rows() -> Subquery:
 
 ONE = literal_column("1", Integer)
 
+# The requesting owner's columns of a lock row or a queue row (node, process,
+# thread, owner's key, reason), in the order both tables list them.
+OWNER_VALUES = (
+    bindparam("o_node", type_=String),
+    bindparam("o_pid", type_=Integer),
+    bindparam("o_thread", type_=String),
+    bindparam("o_key", type_=String),
+    bindparam("why", type_=String),
+)
+
 
 def alive_conditions() -> list[ColumnElement[bool]]:
     return [path_locks.c.customer_id == bindparam("c_id"), path_locks.c.expires_at > now()]

@@ -14,7 +14,6 @@ from sqlalchemy import (
     Column,
     ColumnElement,
     Insert,
-    Integer,
     LargeBinary,
     String,
     Subquery,
@@ -32,6 +31,7 @@ from sqlalchemy import (
 )
 
 from pathlock._statements.common import (
+    OWNER_VALUES,
     depth_0_param,
     now,
     now_plus,
@@ -153,11 +153,7 @@ def grant_statement(
             bindparam("l_id", type_=String),
             path,
             mode,
-            bindparam("o_node", type_=String),
-            bindparam("o_pid", type_=Integer),
-            bindparam("o_thread", type_=String),
-            bindparam("o_key", type_=String),
-            bindparam("why", type_=String),
+            *OWNER_VALUES,
             # The fencing token: the sentinel's version as this transaction's own
             # write left it, so the statement needs no value from the client and
             # can be sent together with that write (pathlock._batch). Selecting

@@ -11,7 +11,6 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Insert,
-    Integer,
     String,
     bindparam,
     case,
@@ -23,7 +22,7 @@ from sqlalchemy import (
     update,
 )
 
-from pathlock._statements.common import now, now_plus, requested_rows
+from pathlock._statements.common import OWNER_VALUES, now, now_plus, requested_rows
 from pathlock._statements.grants import (
     CASE_GIVEN,
     GRANTED_COLUMNS,
@@ -94,11 +93,7 @@ def lean_grant(count: int, shallow: bool = False) -> Insert:
         bindparam("l_id", type_=String),
         path,
         mode,
-        bindparam("o_node", type_=String),
-        bindparam("o_pid", type_=Integer),
-        bindparam("o_thread", type_=String),
-        bindparam("o_key", type_=String),
-        bindparam("why", type_=String),
+        *OWNER_VALUES,
         InsertedId(),
         now(),
         now_plus(bindparam("ttl_us", type_=BigInteger)),

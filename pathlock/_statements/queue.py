@@ -28,7 +28,7 @@ from sqlalchemy import (
     update,
 )
 
-from pathlock._statements.common import items, now, now_plus, of_lease, requested_rows
+from pathlock._statements.common import OWNER_VALUES, items, now, now_plus, of_lease, requested_rows
 from pathlock._statements.conflicts import Shape, no_conflict, owner_holds, queued_conflicts
 from pathlock._statements.grants import (
     GRANTED,
@@ -79,11 +79,7 @@ def enqueue_if_blocked(form: Shape) -> Insert:
         bindparam("c_id", type_=BigInteger),
         bindparam("l_id", type_=String),
         bindparam("w_paths", type_=String),
-        bindparam("o_node", type_=String),
-        bindparam("o_pid", type_=Integer),
-        bindparam("o_thread", type_=String),
-        bindparam("o_key", type_=String),
-        bindparam("why", type_=String),
+        *OWNER_VALUES,
         now(),
         now_plus(bindparam("w_ttl_us", type_=BigInteger)),
         bindparam("w_hand_over_us", type_=BigInteger),
