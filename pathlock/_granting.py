@@ -199,12 +199,21 @@ class Grants:
             # trip is denied: it requires an empty one.
             elif ticket is not None or not self._hints.likely_queued(request.customer_id):
                 if ticket is None and first and self._hints.likely_idle(request.customer_id):
-                    granted = self._grant_lean(connection, request)
-                    if granted is not None:
-                        return granted
+                    lean = self._grant_lean(connection, request)
+                    if lean is not None:
+                        return lean
                 granted = self._grant_in_one(connection, request, ticket, first=first)
-                if granted is not None:
+                if isinstance(granted, Granted):
                     return granted
+                if granted and queue and first and ticket is None:
+                    # Denied with nothing queued lately: something live is
+                    # in the way (a parent folder among busy children). The
+                    # next try queues in its one round trip, as above, so
+                    # the sentinel row is not held while the client judges
+                    # who is in the way and then writes the queue row.
+                    outcome = self._queue_in_one(connection, request)
+                    if outcome is not None:
+                        return outcome
             # Denied, or the sentinel row is missing, or the case
             # rules differ: nothing was written, the transaction is
             # over. The attempt below says who is in the way, and
@@ -245,11 +254,12 @@ class Grants:
 
     def _grant_in_one(
         self, connection: Connection, request: GrantRequest, ticket: int | None, *, first: bool
-    ) -> Granted | None:
+    ) -> Granted | bool:
         """The grant in one round trip, its COMMIT included, where nobody is
         in the way and nobody is queued before it (see ``LOCK_SENTINEL`` in
-        :mod:`pathlock._statements`); ``None`` if not granted: then nothing
-        was written, and the transaction is over. The ``first`` transaction
+        :mod:`pathlock._statements`); if not granted, whether the customer's
+        sentinel row exists (then the grant was denied): nothing was
+        written, and the transaction is over. The ``first`` transaction
         of a lease need not look for rows of its own (see
         :func:`grant_statement`)."""
         customer = request.customer_id
@@ -273,9 +283,9 @@ class Grants:
         if ticket is not None:
             dequeue = {"c_id": customer, "l_id": request.lease_id, "w_ticket": ticket}
             steps += [(DEQUEUE_IF_GRANTED, dequeue), (WAITERS_REMOVED, dequeue)]
-        _until, _locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
+        _until, locked, granted, claimed, *_ = batch.run(connection, steps, commit=True)
         if granted.rowcount == 0:
-            return None
+            return bool(locked.rowcount)
         return self._granted_in_one(request, granted, claimed)
 
     @staticmethod

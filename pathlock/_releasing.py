@@ -160,11 +160,11 @@ class Releases:
         self._hints.seen_queued(customer_id)
         if not deleted.rowcount:
             return 0, None
-        (head,) = batch.run(connection, [(QUEUE_HEAD, {"c_id": customer_id})])
-        connection.rollback()
-        if not head.rows:
+        # The read and its ROLLBACK in one round trip.
+        (rows,) = read_and_roll_back(connection, [(QUEUE_HEAD, {"c_id": customer_id})], every=True)
+        if not rows:
             return int(deleted.rowcount), None
-        return int(deleted.rowcount), handing_over.queue_head(customer_id, version, head.rows)
+        return int(deleted.rowcount), handing_over.queue_head(customer_id, version, rows)
 
     def _release_in_one(
         self, connection: Connection, customer_id: int, parameters: dict[str, Any]

@@ -268,18 +268,19 @@ def _version(manager: PathLockManager, customer_id: int) -> int:
         )
 
 
-def test_a_denied_request_is_queued_in_four_round_trips(
+def test_a_denied_request_is_queued_in_three_round_trips(
     mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The grant without searches (denied: the customer has a lock; a
     manager tries it on a customer only when it was not refused it
     lately); the grant in one round trip (denied: nothing written); then the
-    attempt (sentinel write and grant) with the reads that say who is in the
-    way (live locks, the queue, the owner's own locks, rows of its own lease
-    that a release handed to it), and the queue row with
-    its COMMIT: two round trips while the request holds the customer's
-    sentinel row, which every other grant and release of the customer waits
-    for."""
+    grant again with, should it be denied, the queue row and the reads that
+    say who is in the way (live locks, the queue, the owner's own locks,
+    rows of its own lease that a release handed to it), with its COMMIT: one
+    round trip while the request holds the customer's sentinel row, which
+    every other grant and release of the customer waits for. It used to be
+    two (the grant and the reads, then the queue row and the COMMIT), the
+    row held while the client judged the reads."""
     with (
         PathLockManager(mariadb_url, heartbeat=False) as holder,
         PathLockManager(mariadb_url, heartbeat=False) as waiter,
@@ -291,17 +292,54 @@ def test_a_denied_request_is_queued_in_four_round_trips(
         assert _statements(commands[1]) == ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"], (
             commands[1]
         )
-        reads = ["SELECT"] * 5
-        # The attempt: the sentinel written, the grant, its count (none).
-        assert _statements(commands[2]) == ["UPDATE", "INSERT", "UPDATE", *reads], commands[2]
-        # The queue row, its count, its paths' rows (revision 0007), the
-        # version put back.
-        queued = ["INSERT", "UPDATE", "INSERT", "UPDATE", "COMMIT"]
-        assert _statements(commands[3]) == queued, commands[3]
-        assert "path_lock_waiters" in commands[3].split(";\n")[0]
-        assert "waiter_rows" in commands[3].split(";\n")[1]
-        assert "path_lock_waiter_paths" in commands[3].split(";\n")[2]
+        # The sentinel row locked, the grant, its count (none); the queue
+        # row, its count, its paths' rows (revision 0007); the reads.
+        queued = ["SET", "UPDATE", "INSERT", "UPDATE", "INSERT", "UPDATE", "INSERT"]
+        assert _statements(commands[2]) == [*queued, *["SELECT"] * 5, "COMMIT"], commands[2]
+        steps = commands[2].split(";\n")
+        assert "path_lock_waiters" in steps[4]
+        assert "waiter_rows" in steps[5]
+        assert "path_lock_waiter_paths" in steps[6]
+        # Queued once: what follows (the checks, the last attempt when the
+        # time is up, leaving the queue) writes no queue row.
+        assert all("INTO path_lock_waiters" not in command for command in commands[3:])
         lease.release()
+
+
+def test_a_release_that_finds_a_queue_reads_its_head_in_one_round_trip(
+    mariadb_url: str, customer_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release by a manager that has not seen the customer's queue deletes
+    and counts its rows in one round trip, which says that requests are
+    queued; it reads the head of the queue and rolls back in one more (it
+    took two: the read, then the ROLLBACK alone), then hands the paths over
+    in a transaction of its own."""
+    with (
+        PathLockManager(mariadb_url, heartbeat=False) as holder,
+        PathLockManager(mariadb_url, heartbeat=False) as waiter,
+    ):
+        lease = holder.for_customer(customer_id).lock_paths("/a")
+        granted = threading.Event()
+
+        def wait() -> None:
+            waiter.for_customer(customer_id).lock_paths("/a", timeout=10).release()
+            granted.set()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not holder.list_waiters(customer_id):
+            assert time.monotonic() < deadline, "not queued in time"
+            time.sleep(0.01)
+        with sent(monkeypatch, this_thread=True) as commands:
+            lease.release()
+        thread.join()
+        assert granted.is_set()
+    assert [_statements(command) for command in commands] == [
+        ["DELETE", "UPDATE", "COMMIT"],
+        ["SELECT", "ROLLBACK"],
+        ["SET", "UPDATE", "INSERT", "UPDATE", "DELETE", "UPDATE", "UPDATE", "COMMIT"],
+    ], commands
 
 
 def test_a_request_beside_the_queue_of_a_customer_is_granted_in_one_round_trip(
@@ -407,9 +445,14 @@ def test_a_waiters_checks_are_one_round_trip_each(
     queued = [
         ["UPDATE", "INSERT", "COMMIT"],  # the grant without searches, denied
         ["SET", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the grant in one round trip, denied
-        # the attempt (its grant counted), with who is in the way
-        ["UPDATE", "INSERT", "UPDATE", *["SELECT"] * 5],
-        ["INSERT", "UPDATE", "INSERT", "UPDATE", "COMMIT"],  # the queue row, counted, its paths
+        # the grant again (counted), denied: the queue row, counted, its
+        # paths, and who is in the way
+        [
+            *("SET", "UPDATE", "INSERT", "UPDATE"),
+            *("INSERT", "UPDATE", "INSERT"),
+            *["SELECT"] * 5,
+            "COMMIT",
+        ],
     ]
     checks = {
         ("SELECT", "ROLLBACK"),  # the version, and anything handed over
@@ -444,21 +487,21 @@ def test_a_waiters_checks_are_one_round_trip_each(
         *("UPDATE", "COMMIT"),
     ]
     first_sent = [_statements(command) for command in by_thread["first"]]
-    assert first_sent[:4] == queued, first_sent
+    assert first_sent[:3] == queued, first_sent
     if first_sent[-2] == taken_up:
         # Its check found the path handed to it, and who is next: the second.
-        assert set(map(tuple, first_sent[4:-2])) <= checks | raced, first_sent
+        assert set(map(tuple, first_sent[3:-2])) <= checks | raced, first_sent
         assert first_sent[-1] == handed_on, first_sent
     else:
         # Granted by an attempt of its own (or its attempt took up the rows
         # handed to it): its release reads the queue, which it saw.
-        assert set(map(tuple, first_sent[4:-3])) <= checks | raced, first_sent
+        assert set(map(tuple, first_sent[3:-3])) <= checks | raced, first_sent
         assert first_sent[-3] in (granted, ["UPDATE", "COMMIT"]), first_sent
         assert first_sent[-2:] == read_and_handed, first_sent
     second_sent = [_statements(command) for command in by_thread["second"]]
-    assert second_sent[:4] == queued, second_sent
-    assert set(map(tuple, second_sent[4:-2])) <= checks | raced, second_sent
-    assert ("SELECT", "ROLLBACK") in map(tuple, second_sent[4:-2]), second_sent
+    assert second_sent[:3] == queued, second_sent
+    assert set(map(tuple, second_sent[3:-2])) <= checks | raced, second_sent
+    assert ("SELECT", "ROLLBACK") in map(tuple, second_sent[3:-2]), second_sent
     # The last in line: nobody to hand over to.
     assert second_sent[-2] in (taken_up, granted, ["UPDATE", "COMMIT"]), second_sent
     assert second_sent[-1] in released, second_sent
