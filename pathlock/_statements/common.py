@@ -16,7 +16,6 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     Label,
-    Select,
     String,
     Subquery,
     Table,
@@ -24,9 +23,7 @@ from sqlalchemy import (
     column,
     literal_column,
     or_,
-    select,
     text,
-    union_all,
 )
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.compiler import compiles
@@ -105,31 +102,40 @@ def any_of(clauses: Sequence[ColumnElement[bool]]) -> ColumnElement[bool]:
     return _Or(*(any_of(clauses[n : n + _BLOCK]) for n in range(0, len(clauses), _BLOCK)))
 
 
-def _table(rows: Sequence[Select[*tuple[Any, ...]]], name: str) -> Subquery:
-    """The rows (one SELECT each, same columns) as one derived table, nested
-    in blocks of :data:`_BLOCK` SELECTs."""
-    while len(rows) > _BLOCK:
-        blocks = [union_all(*rows[n : n + _BLOCK]).subquery() for n in range(0, len(rows), _BLOCK)]
-        rows = [select(*block.c) for block in blocks]
-    return (union_all(*rows) if len(rows) > 1 else rows[0]).subquery(name)
-
-
 def requested_rows(count: int, name: str, shallow: bool = False) -> Subquery:
     """The requested paths (``:rq_path_N``, ``:rq_mode_N``) with their
     position ``k`` and, for a request with paths at depth 0, whether each is
-    (``:rq_shallow_N``; otherwise none is)."""
-    return _table(
-        [
-            select(
-                bindparam(f"rq_path_{n}", type_=String).label("path"),
-                bindparam(f"rq_mode_{n}", type_=String).label("mode"),
-                literal_column(str(n), Integer).label("k"),
-                *([depth_0_param(n).label("shallow")] if shallow else []),
-            )
-            for n in range(count)
-        ],
-        name,
-    )
+    (``:rq_shallow_N``; otherwise none is).
+
+    One SELECT per path, joined by UNION ALL and nested in blocks of
+    :data:`_BLOCK`, written as SQL text: built of SQLAlchemy's SELECTs, a
+    request of a thousand paths spent seconds compiling its statements (the
+    first request of each size in a process)."""
+    binds: list[Any] = []
+    rows = []
+    for n in range(count):
+        columns = [f":rq_path_{n} AS path", f":rq_mode_{n} AS mode", f"{n} AS k"]
+        binds += [bindparam(f"rq_path_{n}", type_=String), bindparam(f"rq_mode_{n}", type_=String)]
+        if shallow:
+            columns.append(f":rq_shallow_{n} AS shallow")
+            binds.append(depth_0_param(n))
+        rows.append("SELECT " + ", ".join(columns))
+    names = "path, mode, k" + (", shallow" if shallow else "")
+    level = 0
+    while len(rows) > _BLOCK:
+        rows = [
+            f"SELECT {names} FROM ({' UNION ALL '.join(rows[n : n + _BLOCK])})"
+            f" AS {name}_{level}_{n // _BLOCK}"
+            for n in range(0, len(rows), _BLOCK)
+        ]
+        level += 1
+    table = text(" UNION ALL ".join(rows)).bindparams(*binds)
+    return table.columns(
+        column("path", String),
+        column("mode", String),
+        column("k", Integer),
+        *([column("shallow", Boolean)] if shallow else []),
+    ).subquery(name)
 
 
 def depth_0_param(n: int) -> ColumnElement[bool]:

@@ -557,10 +557,17 @@ def _path_is(element: PathIs, compiler: SQLCompiler, **kw: Any) -> str:
 
 @compiles(PathWithin, "postgresql")
 def _path_within(element: PathWithin, compiler: SQLCompiler, **kw: Any) -> str:
+    # Written out, each operand compiled once (see the default in
+    # pathlock.dialects.base): the index's prefixes, then the full paths.
     path, low, high = element.clauses.clauses
-    key = _key(path)
-    return str(
-        compiler.process(and_(key >= _key(low), key <= _key(high), path >= low, path < high), **kw)
+    column, bottom, top = (compiler.process(operand, **kw) for operand in (path, low, high))
+    # The parameters as a comparison with the column types them.
+    typed_bottom = compiler.process((path >= low).right, **kw)
+    typed_top = compiler.process((path < high).right, **kw)
+    cut = f", {PATH_KEY_LENGTH})"
+    return (
+        f"left({column}{cut} >= left({bottom}{cut} AND left({column}{cut} <= left({top}{cut}"
+        f" AND {column} >= {typed_bottom} AND {column} < {typed_top}"
     )
 
 
