@@ -264,7 +264,9 @@ def _path_is(element: PathIs, compiler: Any, **kw: Any) -> str:
 
 
 @compiles(PathWithin)
-def _path_within(element: PathWithin, compiler: Any, **kw: Any) -> str:
+def path_within(element: PathWithin, compiler: Any, **kw: Any) -> str:
+    """``low <= path AND path < high``, as every family compares paths (a
+    family's own spelling may add to it)."""
     # Written out, each operand compiled once: a request of a thousand paths
     # has a thousand of these, and compiling them as SQLAlchemy comparisons
     # was most of the time its first statements took to compile.

@@ -66,6 +66,7 @@ from pathlock.dialects.base import (
     WaitedInTime,
     is_async,
     new_engine,
+    path_within,
 )
 from pathlock.errors import BackendError
 from pathlock.paths import MAX_PATH_LENGTH
@@ -557,18 +558,11 @@ def _path_is(element: PathIs, compiler: SQLCompiler, **kw: Any) -> str:
 
 @compiles(PathWithin, "postgresql")
 def _path_within(element: PathWithin, compiler: SQLCompiler, **kw: Any) -> str:
-    # Written out, each operand compiled once (see the default in
-    # pathlock.dialects.base): the index's prefixes, then the full paths.
+    # The index's prefixes, then the full paths as every family compares
+    # them (the default, written out: see pathlock.dialects.base).
     path, low, high = element.clauses.clauses
-    column, bottom, top = (compiler.process(operand, **kw) for operand in (path, low, high))
-    # The parameters as a comparison with the column types them.
-    typed_bottom = compiler.process((path >= low).right, **kw)
-    typed_top = compiler.process((path < high).right, **kw)
-    cut = f", {PATH_KEY_LENGTH})"
-    return (
-        f"left({column}{cut} >= left({bottom}{cut} AND left({column}{cut} <= left({top}{cut}"
-        f" AND {column} >= {typed_bottom} AND {column} < {typed_top}"
-    )
+    key, bottom, top = (compiler.process(_key(operand), **kw) for operand in (path, low, high))
+    return f"{key} >= {bottom} AND {key} <= {top} AND {path_within(element, compiler, **kw)}"
 
 
 @compiles(CreateIndex, "postgresql")
