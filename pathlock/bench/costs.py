@@ -284,11 +284,16 @@ def uncontended(bench: Bench) -> Section:
     )
 
 
-def _cpu_share(run: _Uncontended, side: int) -> str:
+def _cpu_ratio(run: _Uncontended, side: int) -> float | None:
     """Pathlock's CPU per acquire + release over the floor's: ``side`` 0 the
-    client's, 1 the server's (n/a where not measured)."""
+    client's, 1 the server's (``None`` where not measured)."""
     ours, floor = run.cpu["pathlock"][side], run.cpu["floor"][side]
-    return "n/a" if ours is None or floor is None else times(ratio(ours, floor))
+    return None if ours is None or floor is None else ratio(ours, floor)
+
+
+def _cpu_share(run: _Uncontended, side: int) -> str:
+    share = _cpu_ratio(run, side)
+    return "n/a" if share is None else times(share)
 
 
 def _costs_over(run: _Uncontended) -> list[str]:
@@ -297,10 +302,8 @@ def _costs_over(run: _Uncontended) -> list[str]:
     if run.calls["pathlock"] > UNCONTENDED_CALLS_GOAL:
         over.append(f"over {UNCONTENDED_CALLS_GOAL} Python calls")
     for side, name in ((0, "client"), (1, "server")):
-        ours, floor = run.cpu["pathlock"][side], run.cpu["floor"][side]
-        if ours is None or floor is None:
-            continue
-        if not goal_met(ratio(ours, floor), UNCONTENDED_CPU_GOAL):
+        share = _cpu_ratio(run, side)
+        if share is not None and not goal_met(share, UNCONTENDED_CPU_GOAL):
             over.append(f"over {UNCONTENDED_CPU_GOAL:g}× the floor's {name} CPU")
     return over
 
