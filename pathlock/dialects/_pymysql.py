@@ -71,6 +71,8 @@ _COLUMNS_KEPT = 1024  # column descriptions a connection keeps parsed
 _ERROR = 0xFF  # the first byte of an error packet
 _LONGEST = pymysql.connections.MAX_PACKET_LEN if DIRECT else 0  # a packet this long goes on
 _ESCAPES: Any = getattr(converters, "_escape_table", None)  # what escape_string() translates by
+_RECEIVE = 16384  # bytes asked of the socket at least (a batch's replies)
+_RECEIVE_MOST = 1 << 20  # and at most
 _UNTRACKED = object()  # a socket timeout PyMySQL does not keep track of
 
 Reply = tuple[int, int | None, tuple[str, ...] | None, list[tuple[Any, ...]]]
@@ -161,6 +163,9 @@ class Connection(BoundedConnection):
     of its statements (see the module's docstring)."""
 
     _pathlock_pending = False  # replies of the last batch not read yet
+    _pathlock_buffer = b""  # bytes received, not read yet from _pathlock_at to _pathlock_end
+    _pathlock_at = 0
+    _pathlock_end = 0
     _next_seq_id: int  # PyMySQL's: the sequence number of the next packet
     _current_timeout: Any = _UNTRACKED
     """The socket's timeout, as PyMySQL 1.2 and newer track it (set when it
@@ -205,20 +210,26 @@ class Connection(BoundedConnection):
         """The next reply of the batch sent (see :data:`Reply`). Raises the
         server's error as PyMySQL does; the server runs nothing of the batch
         after it."""
-        data = self._next_packet()
-        if data[0] == _OK and len(data) >= _OK_SIZE:
+        data = self._payload()
+        if data[0] == _OK:
             # Mostly numbers below 251, of one byte each.
-            changed = data[1]
-            if changed < _ONE_BYTE:
-                position = 2
-            else:
-                changed, position = _length_encoded(data, 1)
-            inserted = data[position]
-            if inserted < _ONE_BYTE:
-                position += 1
-            else:
-                inserted, position = _length_encoded(data, position)
-            self._ended(data[position] | data[position + 1] << 8)
+            try:
+                changed = data[1]
+                if changed < _ONE_BYTE:
+                    position = 2
+                else:
+                    changed, position = _length_encoded(data, 1)
+                inserted = data[position]
+                if inserted < _ONE_BYTE:
+                    position += 1
+                else:
+                    inserted, position = _length_encoded(data, position)
+                status = data[position] | data[position + 1] << 8
+            except (IndexError, KeyError):  # shorter than an OK packet can be
+                self._pathlock_pending = False
+                self._force_close()
+                raise pymysql.err.InternalError("a malformed OK packet") from None
+            self._ended(status)
             return changed, inserted, None, []
         if data[0] == _NULL:  # LOAD DATA LOCAL INFILE: never asked for
             self._pathlock_pending = False
@@ -227,22 +238,56 @@ class Connection(BoundedConnection):
         # A result set: its number of columns, their descriptions, an EOF
         # packet, the rows, an EOF packet.
         count = _length_encoded(data, 0)[0]
-        columns = [self._column(self._next_packet()) for _ in range(count)]
-        self._next_packet()
+        columns = [self._column(self._payload()) for _ in range(count)]
+        self._payload()
         rows: list[tuple[Any, ...]] = []
         while True:
-            data = self._next_packet()
+            data = self._payload()
             if data[0] == _EOF and len(data) < _EOF_SIZE:
                 self._ended(data[3] | data[4] << 8)
                 return len(rows), None, tuple([column[0] for column in columns]), rows
             rows.append(_row(data, columns))
 
-    def _next_packet(self) -> bytes:
+    def _payload(self) -> bytes:
+        """The next packet's payload, read as PyMySQL's ``_read_packet()``
+        reads it, with its errors (a server's error raised, a lost or timed
+        out connection closed), in a few calls: from the bytes received
+        (:meth:`_received`), the header decoded inline, no packet object but
+        for an error."""
         try:
-            data = self._payload()
+            buffer = self._pathlock_buffer
+            at = self._pathlock_at
+            end = self._pathlock_end
+            parts: list[bytes] = []
+            while True:
+                start = at + 4
+                if start > end:
+                    buffer, end = self._received(buffer, at, end, 4)
+                    at, start = 0, 4
+                length = buffer[at] | buffer[at + 1] << 8 | buffer[at + 2] << 16
+                sequence = buffer[at + 3]
+                if sequence != self._next_seq_id:
+                    self._out_of_step(sequence)
+                self._next_seq_id = (sequence + 1) % 256
+                at = start + length
+                if at > end:
+                    buffer, end = self._received(buffer, start, end, length)
+                    start, at = 0, length
+                data = buffer[start:at]
+                if length < _LONGEST:
+                    break
+                parts.append(data)  # a payload of 16 MiB or more goes on
+            self._pathlock_buffer = buffer
+            self._pathlock_at = at
+            self._pathlock_end = end
+            if parts:
+                parts.append(data)
+                data = b"".join(parts)
+            if data and data[0] == _ERROR:
+                MysqlPacket(data, self.encoding).raise_for_error()
         except pymysql.err.MySQLError:
             # The server's error (it runs nothing after it), or the
-            # connection lost (PyMySQL closed it).
+            # connection lost (closed already, as PyMySQL closes it).
             self._pathlock_pending = False
             raise
         except BaseException:
@@ -253,50 +298,52 @@ class Connection(BoundedConnection):
             raise
         return data
 
-    def _payload(self) -> bytes:
-        """The next packet's payload, read as PyMySQL's ``_read_packet()``
-        reads it, with its errors (a server's error raised, a lost or timed
-        out connection closed), in a few calls: the timeout looked up once,
-        the header decoded inline, no packet object but for an error."""
+    def _received(self, buffer: bytes, at: int, end: int, needed: int) -> tuple[bytes, int]:
+        """``buffer`` from ``at`` to ``end``, and after it what the socket
+        received until there are ``needed`` bytes; and how many there are.
+        Received as they come, not as PyMySQL's reader (``_rfile``) takes
+        them: one call of the socket where the reader made five, and the
+        replies of a batch that arrive together taken at once; the time
+        left looked up once for each wait, not for every packet. A lost
+        connection, or one that timed out, is closed and raised as PyMySQL
+        raises it."""
         timeout = self._read_timeout
         current = self._current_timeout
+        sock = self._sock
         if current != timeout:
-            self._sock.settimeout(timeout)
+            sock.settimeout(timeout)
             if current is not _UNTRACKED:
                 self._current_timeout = timeout
-        read = self._rfile.read
-        parts: list[bytes] = []
+        parts = [buffer[at:end]] if at < end else []
+        have = end - at
         while True:
+            wanted = needed - have
             try:
-                header = read(4)
-                if len(header) == 4:  # noqa: PLR2004 - a packet's header
-                    length = header[0] | header[1] << 8 | header[2] << 16
-                    if header[3] != self._next_seq_id:
-                        self._out_of_step(header[3])
-                    self._next_seq_id = (header[3] + 1) % 256
-                    data: bytes = read(length)
-                    complete = len(data) == length
-                else:
-                    complete = False
+                # Never less than a batch's replies, never a buffer of 16 MiB.
+                received = sock.recv(_RECEIVE if wanted <= _RECEIVE else min(wanted, _RECEIVE_MOST))
             except OSError as error:
                 self._force_close()
                 raise pymysql.err.OperationalError(
                     CR.CR_SERVER_LOST, f"Lost connection to MySQL server during query ({error})"
                 ) from None
-            if not complete:
+            size = len(received)
+            if not size:
                 self._force_close()
                 raise pymysql.err.OperationalError(
                     CR.CR_SERVER_LOST, "Lost connection to MySQL server during query"
                 )
-            if length < _LONGEST:
-                break
-            parts.append(data)  # a payload of 16 MiB or more goes on
-        if parts:
-            parts.append(data)
-            data = b"".join(parts)
-        if data and data[0] == _ERROR:
-            MysqlPacket(data, self.encoding).raise_for_error()
-        return data
+            have += size
+            if not parts and have >= needed:
+                return received, size  # all in one: the common case
+            parts.append(received)
+            if have >= needed:
+                return b"".join(parts), have
+
+    def _force_close(self) -> None:
+        # What was received is no reply to anything sent after this.
+        self._pathlock_buffer = b""
+        self._pathlock_at = self._pathlock_end = 0
+        super()._force_close()
 
     def _write_bytes(self, data: bytes) -> None:
         """Send ``data`` as PyMySQL's ``_write_bytes()`` does, with the time
@@ -329,7 +376,16 @@ class Connection(BoundedConnection):
     def _ended(self, status: int) -> None:
         """A reply ended with the server's ``status``."""
         self.server_status = status
-        self._pathlock_pending = bool(status & _MORE_RESULTS)
+        if status & _MORE_RESULTS:
+            self._pathlock_pending = True
+            return
+        self._pathlock_pending = False
+        if self._pathlock_at != self._pathlock_end:
+            # Bytes after the batch's last reply: the server sends nothing
+            # unasked but when it goes away (MariaDB's error packet of a
+            # shutdown). They would answer the next query: closed, as
+            # PyMySQL closes a connection whose packets come out of step.
+            self._force_close()
 
     def _column(self, data: bytes) -> _Column:
         """The name of the column ``data`` describes, and the encoding and

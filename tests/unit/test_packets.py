@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,9 +103,22 @@ def _ours(connection: _pymysql.Connection) -> bytes:
     return connection._payload()
 
 
-def _feed(theirs: socket.socket, data: bytes) -> threading.Thread:
+def _feed(theirs: socket.socket, data: bytes, *, piece: int | None = None) -> threading.Thread:
+    """Send ``data`` at once, or ``piece`` bytes at a time, a moment apart
+    (so that a reader gets headers and payloads cut anywhere); then hang up.
+    A reader that closed its end (a packet out of sequence) ends the
+    sending."""
+
     def send() -> None:
-        theirs.sendall(data)
+        if piece is None:
+            theirs.sendall(data)
+        else:
+            for start in range(0, len(data), piece):
+                try:
+                    theirs.sendall(data[start : start + piece])
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+                time.sleep(0.001)
         theirs.shutdown(socket.SHUT_WR)
 
     thread = threading.Thread(target=send, daemon=True)
@@ -112,14 +126,21 @@ def _feed(theirs: socket.socket, data: bytes) -> threading.Thread:
     return thread
 
 
+_SHORT = [name for name, stream in _STREAMS.items() if len(stream) < 1000]
+
+
 @pytest.mark.skipif(not _pymysql.DIRECT, reason="this PyMySQL lacks what the reader needs")
-@pytest.mark.parametrize("stream", list(_STREAMS), ids=list(_STREAMS))
-def test_packets_are_read_as_pymysql_reads_them(stream: str) -> None:
+@pytest.mark.parametrize(
+    ("stream", "piece"),
+    [(name, None) for name in _STREAMS] + [(name, 3) for name in _SHORT],
+    ids=list(_STREAMS) + [f"{name}, 3 bytes at a time" for name in _SHORT],
+)
+def test_packets_are_read_as_pymysql_reads_them(stream: str, piece: int | None) -> None:
     outcomes = []
     for cls, read in ((pymysql.connections.Connection, _theirs), (_pymysql.Connection, _ours)):
         ours, theirs = socket.socketpair()
         try:
-            feeding = _feed(theirs, _STREAMS[stream])
+            feeding = _feed(theirs, _STREAMS[stream], piece=piece)
             outcomes.append(_outcome(read, _connection(cls, ours), 3))
             feeding.join()
         finally:
@@ -147,7 +168,7 @@ def test_the_socket_timeout_follows_the_time_left(
 ) -> None:
     ours, theirs = pair
     connection = _connection(_pymysql.Connection, ours, read_timeout=30.0)
-    theirs.sendall(_packet(1, _OK) + _packet(2, _OK))
+    theirs.sendall(_packet(1, _OK))
 
     def read(_limit: deadlines.Limit) -> float | None:
         connection._payload()
@@ -156,6 +177,43 @@ def test_the_socket_timeout_follows_the_time_left(
     timeout = deadlines.within(deadlines._monotonic() + 0.5, read)
     assert timeout is not None
     assert 0.0 < timeout <= 0.5
-    # With no limit in force, the configured timeout again.
+    # With no limit in force, the configured timeout again, for the next
+    # wait (the second packet sent after the first was read).
+    theirs.sendall(_packet(2, _OK))
     connection._payload()
     assert ours.gettimeout() == 30.0
+
+
+_MORE = b"\x00\x01\x00\x0a\x00\x00\x00"  # an OK packet: more results follow (status 0x0008)
+
+
+@pytest.mark.skipif(not _pymysql.DIRECT, reason="this PyMySQL lacks what the reader needs")
+def test_the_replies_of_a_batch_received_together_are_read_one_by_one(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = pair
+    connection = _connection(_pymysql.Connection, ours)
+    connection._pathlock_pending = True
+    theirs.sendall(_packet(1, _MORE) + _packet(2, _MORE) + _packet(3, _OK))
+    assert [connection.reply() for _ in range(3)] == [(1, 0, None, [])] * 3
+    assert not connection._pathlock_pending
+    assert connection._sock is not None
+    # The next command's reply, sent after the batch's were read.
+    connection._next_seq_id = 1
+    theirs.sendall(_packet(1, _OK))
+    assert connection.reply() == (1, 0, None, [])
+    assert connection._sock is not None
+
+
+@pytest.mark.skipif(not _pymysql.DIRECT, reason="this PyMySQL lacks what the reader needs")
+def test_bytes_after_the_last_reply_close_the_connection(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = pair
+    connection = _connection(_pymysql.Connection, ours)
+    # The reply, then what MariaDB sends unasked when it shuts down.
+    theirs.sendall(_packet(1, _OK) + _packet(0, _ERROR))
+    assert connection.reply() == (1, 0, None, [])
+    # Not left to answer the next query.
+    assert connection._sock is None
+    assert not connection._pathlock_pending
