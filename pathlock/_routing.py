@@ -83,6 +83,8 @@ class Router:
             Node(engine, node_name(engine), dialects.for_name(engine.dialect.name))
             for engine in engines
         )
+        self.spares = len(self.nodes) - 1
+        """How many nodes an operation may try after the first one fails."""
         self.affinity = affinity
         self.events = emitter
         self.set_aside_time = set_aside
@@ -108,6 +110,8 @@ class Router:
         """The first node in :meth:`order` that is neither set aside nor in
         ``avoid`` (nodes that already failed this operation); failing that, the
         first one not in ``avoid``; failing that, the first one."""
+        if not self.spares:  # (without order(): in every attempt)
+            return self.nodes[0]
         candidates = self.order(customer_id)
         if len(candidates) == 1:
             return candidates[0]

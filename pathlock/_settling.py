@@ -46,6 +46,8 @@ class Expiring(Generic[K]):
 
     def current(self) -> list[K]:
         """Those whose time has not passed."""
+        if not self._until:
+            return []  # mostly: none (asked in every request)
         now = time.monotonic()
         with self._lock:
             for key, until in list(self._until.items()):

@@ -375,11 +375,14 @@ class Watch:
                 return
             # Every ticket registered for this watch, not only the current
             # one: an interrupted ticket update may have left an old one.
-            for ticket in [t for t, watch in entry.tickets.items() if watch is self]:
-                self._ticket = ticket
-                self._set_ticket(entry, None)
+            # (Nothing to look for, mostly: a request granted at once.)
+            if entry.tickets:
+                for ticket in [t for t, watch in entry.tickets.items() if watch is self]:
+                    self._ticket = ticket
+                    self._set_ticket(entry, None)
             self._ticket = None
-            self._follow(entry, ())
+            if self._ahead:
+                self._follow(entry, ())
             entry.watches.discard(self)
             if not entry.watches and wakeups._entries.get(self._customer_id) is entry:
                 del wakeups._entries[self._customer_id]

@@ -281,7 +281,29 @@ class Shape(NamedTuple):
 
 def shape(paths: Sequence[PathMode], shallow: AbstractSet[str] = frozenset()) -> Shape:
     """The :class:`Shape` of a request of ``paths`` (``shallow``: those of
-    them locked at depth 0)."""
+    them locked at depth 0). A request asks for it several times on its way
+    (each time some twenty calls for one path): the shapes of the last small
+    requests are kept, by their paths."""
+    if len(paths) > _SHAPES_PATHS:
+        return _shape(paths, shallow)
+    key = (paths, shallow)
+    try:
+        found = _SHAPES.get(key)
+    except TypeError:  # paths in a list: not kept
+        return _shape(paths, shallow)
+    if found is None:
+        if len(_SHAPES) >= _SHAPES_KEPT:
+            _SHAPES.clear()
+        found = _SHAPES[key] = _shape(paths, shallow)
+    return found
+
+
+_SHAPES: dict[tuple[Sequence[PathMode], AbstractSet[str]], Shape] = {}
+_SHAPES_KEPT = 128
+_SHAPES_PATHS = 4  # a kept request's paths at most (they are kept with it)
+
+
+def _shape(paths: Sequence[PathMode], shallow: AbstractSet[str]) -> Shape:
     exclusive = sum(1 for _, mode in paths if mode == EXCLUSIVE)
     entries = characters = 0
     for path, _ in paths:

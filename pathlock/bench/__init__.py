@@ -40,7 +40,7 @@ EXPERIMENTS: dict[int, str] = {
     3: "Fairness: 1, 3 and 5 processes on one path",
     4: "A parent folder while 4 processes keep locking its children",
     5: "Hand-off latency",
-    6: "Acquire beside many live locks of the same customer",
+    6: "Acquire beside one, a thousand and many live locks of the same customer",
     7: "Reaping expired rows while clients acquire",
     8: "Event-loop lag while asyncio tasks take turns on one path",
     9: "Uncontended acquire + release, asyncio API beside the synchronous API",
