@@ -124,18 +124,47 @@ _TIMES = ("created_at", "expires_at")
 def item_row(names: Sequence[str], item: str | bytes) -> Any:
     """A row of a read that returns each row as one JSON array of ``names``
     (see :func:`pathlock._statements.common.items`): its columns as attributes, as
-    a row has them (times in the server's text form are parsed)."""
-    return values_row(names, json.loads(item))
+    a row has them (times in the server's text form are parsed).
+
+    The waiters of a crowd read the same queued requests again and again
+    (the sixteen in the way, the head of the queue): the values of the
+    last rows read are kept by their text, and each call gets a row of its
+    own."""
+    key = (names, item)
+    try:
+        values = _DECODED.get(key)
+    except TypeError:  # not a text: json.loads() says what is wrong
+        values = None
+    if values is None:
+        values = _decoded(names, json.loads(item))
+        if len(item) <= _KEPT_LENGTH:
+            if len(_DECODED) >= _KEPT:
+                _DECODED.clear()
+            _DECODED[key] = values
+    return SimpleNamespace(**values)
 
 
 def values_row(names: Sequence[str], values: Sequence[Any]) -> Any:
     """:func:`item_row` of the JSON array already parsed."""
-    row = SimpleNamespace(**dict(zip(names, values, strict=True)))
+    return SimpleNamespace(**_decoded(names, values))
+
+
+def _decoded(names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
+    """The columns ``names`` of a row of ``values``, its times parsed."""
+    row = dict(zip(names, values, strict=True))
     for name in _TIMES:
-        text = getattr(row, name, None)
+        text = row.get(name)
         if isinstance(text, str):
-            setattr(row, name, datetime.fromisoformat(text))
+            row[name] = datetime.fromisoformat(text)
     return row
+
+
+# Rows and paths decoded lately, by their text (see item_row()): a bound on
+# their number and on the length of a text kept.
+_DECODED: dict[tuple[Sequence[str], str | bytes], dict[str, Any]] = {}
+_QUEUED: dict[str | bytes, tuple[tuple[PathMode, ...], frozenset[str]]] = {}
+_KEPT = 4096
+_KEPT_LENGTH = 4096
 
 
 def as_utc(value: datetime) -> datetime:
@@ -188,7 +217,22 @@ def queued_json(paths: Sequence[PathMode], shallow: frozenset[str]) -> str:
 
 def queued_paths(text: str | bytes) -> tuple[tuple[PathMode, ...], frozenset[str]]:
     """The paths of a queue row (see :func:`queued_json`) and those of them
-    at depth 0. Raises ``ValueError`` or ``TypeError`` for anything else."""
+    at depth 0. Raises ``ValueError`` or ``TypeError`` for anything else.
+    Those of the last rows read are kept (see :func:`item_row`)."""
+    try:
+        found = _QUEUED.get(text)
+    except TypeError:  # not a text: raised below
+        found = None
+    if found is None:
+        found = _queued_paths(text)
+        if len(text) <= _KEPT_LENGTH:
+            if len(_QUEUED) >= _KEPT:
+                _QUEUED.clear()
+            _QUEUED[text] = found
+    return found
+
+
+def _queued_paths(text: str | bytes) -> tuple[tuple[PathMode, ...], frozenset[str]]:
     paths: list[PathMode] = []
     shallow: set[str] = set()
     for path, mode, *depth in json.loads(text):
