@@ -7,6 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pathlock.waiting import LocalWakeups
 
 GENEROUS = 5.0  # seconds a prompt wake-up may take on a loaded machine
@@ -100,3 +103,57 @@ def test_many_waiters_in_a_chain_are_served_one_at_a_time() -> None:
         wakeups.notify(1)
         assert watch.wait(GENEROUS)
         watch.__exit__(None, None, None)
+
+
+_TICKETS = st.integers(min_value=1, max_value=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["enter", "queued", "close", "notify"]),
+            st.integers(min_value=0, max_value=4),
+            st.none() | _TICKETS,
+            st.frozensets(_TICKETS, max_size=3),
+        ),
+        max_size=40,
+    )
+)
+def test_a_release_wakes_the_waiters_nobody_local_is_ahead_of_whatever_came_before(
+    steps: list[tuple[str, int, int | None, frozenset[int]]],
+) -> None:
+    """Whatever came before (waiters entering, queueing with others ahead,
+    leaving), a release wakes exactly the waiters that no queued request of
+    the process is ahead of."""
+    wakeups = LocalWakeups()
+    watches = [wakeups.watch(1) for _ in range(5)]
+    entered: set[int] = set()
+    tickets: dict[int, int] = {}  # ticket -> the watch that holds it
+    for action, number, ticket, ahead in steps:
+        watch = watches[number]
+        if action == "enter" and number not in entered:
+            watch.__enter__()
+            entered.add(number)
+        elif action == "queued" and number in entered:
+            if ticket is not None and tickets.get(ticket, number) != number:
+                continue  # a ticket is one request's
+            for held in [held for held, owner in tickets.items() if owner == number]:
+                del tickets[held]
+            if ticket is not None:
+                tickets[ticket] = number
+            watch.queued(ticket, ahead - {ticket} if ticket is not None else ahead)
+        elif action == "close" and number in entered:
+            watch.close()
+            entered.discard(number)
+            for held in [held for held, owner in tickets.items() if owner == number]:
+                del tickets[held]
+        elif action == "notify":
+            for each in watches:
+                each._released = False
+            wakeups.notify(1)
+            woken = {index for index, each in enumerate(watches) if each._released}
+            expected = {
+                index for index in entered if not set(tickets).intersection(watches[index]._ahead)
+            }
+            assert woken == expected
