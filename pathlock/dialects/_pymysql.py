@@ -22,13 +22,15 @@ are escaped as PyMySQL's cursor escapes them (a string by PyMySQL's own table,
 NULL and truth values inline) and decoded by PyMySQL's own functions. It
 relies on private members of PyMySQL's connection (the methods
 ``_execute_command``, ``_force_close`` and ``_escape_string``, the socket
-``_sock``, its reader ``_rfile`` and the packets' ``_next_seq_id``, all there
-since PyMySQL 0.7), and on the table its ``escape_string()`` translates by: a
-batch is sent by ``_execute_command()`` (its bytes as PyMySQL's
-``_write_bytes()`` sends them, the time left looked up once instead of three
-times), and every reply packet read as PyMySQL's own ``_read_packet()`` reads
-it, with its errors, in a third of its calls. Where one of these is missing,
-batches go through a cursor as on any other connection (:data:`DIRECT`).
+``_sock`` and the packets' ``_next_seq_id``, all there since PyMySQL 0.7), and
+on the table its ``escape_string()`` translates by: a batch is sent by
+``_execute_command()`` (its bytes as PyMySQL's ``_write_bytes()`` sends them,
+the time left looked up once instead of three times), and every reply packet
+read as PyMySQL's own ``_read_packet()`` reads it, with its errors, but from
+the bytes the socket received (not through PyMySQL's reader ``_rfile``, which
+reads its other replies): a few calls per reply, and one call of the socket
+per wait. Where one of these is missing, batches go through a cursor as on
+any other connection (:data:`DIRECT`).
 """
 
 from __future__ import annotations
