@@ -563,20 +563,21 @@ def scale(bench: Bench) -> Section:
     settings = bench.settings
     sizes = _scale_sizes(settings.live_rows)
     with bench.customers(len(sizes) + 1) as customers:
-        empty, *crowded = customers
-        inserted = {
-            size: _crowd(bench, customer, size)
-            for size, customer in zip(sizes, crowded, strict=True)
-        }
-        operations: dict[int, Callable[[], None]] = {
-            0: _lock_and_release(bench.manager.for_customer(empty))
-        }
-        for size, customer in zip(sizes, crowded, strict=True):
-            operations[size] = _lock_and_release(bench.manager.for_customer(customer))
-        samples = _side_by_side(operations, settings.scale_rounds, settings.scale_per_round)
+        by_size = dict(zip([0, *sizes], customers, strict=True))  # 0: the one with none
+        inserted = {size: _crowd(bench, by_size[size], size) for size in sizes}
+        samples = _side_by_side(
+            {
+                size: _lock_and_release(bench.manager.for_customer(customer))
+                for size, customer in by_size.items()
+            },
+            settings.scale_rounds,
+            settings.scale_per_round,
+        )
     p50 = {size: percentile(taken, 0.5) for size, taken in samples.items()}
+    named = {0: "no rows", **{size: _locks_named(size) for size in sizes}}
     most = sizes[-1]
     slower = ratio(p50[most], p50[1])
+    lean = ratio(p50[0], p50[1])
     return Section(
         number=6,
         method=f"One thread: acquire + release of `{PATH}` on customers that hold "
@@ -590,11 +591,8 @@ def scale(bench: Bench) -> Section:
         "search.",
         header=("customer", "p50", "p99", "mean", "p50 ÷ 1 live lock"),
         rows=[
-            (*_latency_row("no rows", samples[0]), times(ratio(p50[0], p50[1]))),
-            *(
-                (*_latency_row(_locks_named(size), samples[size]), times(ratio(p50[size], p50[1])))
-                for size in sizes
-            ),
+            (*_latency_row(name, samples[size]), times(ratio(p50[size], p50[1])))
+            for size, name in named.items()
         ],
         goal=f"{_locks_named(most)} ≤ {SCALE_GOAL}× 1 live lock at p50",
         result=times(slower),
@@ -608,7 +606,7 @@ def scale(bench: Bench) -> Section:
             else ", over the goal: the conflict check reads more than the requested path's "
             "ancestors and descendants (see EXPLAIN of the grant statement)."
         )
-        + f" A customer with no lock at all took {times(ratio(p50[0], p50[1]))} the time of "
+        + f" A customer with no lock at all took {times(lean)} the time of "
         "one with one lock: its request is granted without a search for conflicts (its row "
         "counts no lock and no request queued), where one live lock of the customer, "
         "anywhere, makes its requests search.",
